@@ -1,0 +1,191 @@
+"""Leviathan rejection sampling: the rule that keeps speculative output exact.
+
+Notation (as in the papers): ``p`` is the drafter's distribution, ``q`` the
+target's. A draft token ``d ~ p`` is accepted with probability
+``min(1, q(d) / p(d))``; at the first rejection a token is drawn from the
+normalized residual ``(q - p)+`` and the step ends; when all N drafts pass, a
+bonus token is drawn from the target's distribution at position N + 1. Each
+emitted token is then distributed exactly as a draw from ``q``.
+
+:func:`verify_chain` works on one sequence; :func:`verify_chain_batch` is its
+``jax.vmap`` over a batch, each row with its own key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jspec.sampling import check_distribution, is_concrete, sample
+
+__all__ = [
+    "ChainVerdict",
+    "acceptance_probability",
+    "residual_distribution",
+    "validate_chain_inputs",
+    "verify_chain",
+    "verify_chain_batch",
+]
+
+
+@struct.dataclass
+class ChainVerdict:
+    """What one verify step decided for one sequence (add a leading B when batched).
+
+    Attributes:
+      tokens: int32[N + 1]; the accepted drafts, then the correction or bonus
+        token; slots at and after ``num_emitted`` hold ``pad_id``.
+      num_accepted: int32[]; drafts accepted, 0..N.
+      num_emitted: int32[]; ``num_accepted + 1``, always at least one token.
+      accepted: bool[N]; per draft position, whether it was accepted (False
+        after the first rejection).
+    """
+
+    tokens: jax.Array
+    num_accepted: jax.Array
+    num_emitted: jax.Array
+    accepted: jax.Array
+
+
+def acceptance_probability(p_d: jax.Array, q_d: jax.Array) -> jax.Array:
+    """min(1, q(d) / p(d)), elementwise.
+
+    When p(d) = 0 the ratio's limit is +inf, so the draft is accepted, unless
+    q(d) = 0 too: a token the target can never emit is never accepted.
+    """
+    safe_p = jnp.where(p_d > 0, p_d, 1.0)
+    ratio = jnp.minimum(1.0, q_d / safe_p)
+    return jnp.where(p_d > 0, ratio, jnp.where(q_d > 0, 1.0, 0.0))
+
+
+def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:
+    """normalize((q - p)+) over the last axis.
+
+    When ``(q - p)+`` is all zero (q = p), a rejection has probability zero;
+    the defined answer is then ``q`` itself, so sampling stays well posed.
+    """
+    resid = jnp.maximum(q - p, 0.0)
+    total = jnp.sum(resid, axis=-1, keepdims=True)
+    return jnp.where(total > 0, resid / jnp.where(total > 0, total, 1.0), q)
+
+
+def validate_chain_inputs(draft_tokens, draft_probs, target_probs, *, batched: bool) -> None:
+    """Shape and value checks with messages that say what to pass instead.
+
+    Shapes are checked always (they are static, so this runs at trace time);
+    values only when the arrays are concrete.
+    """
+    lead = "[B, " if batched else "["
+    want_tok = 2 if batched else 1
+    d_shape, p_shape, q_shape = (np.shape(x) for x in (draft_tokens, draft_probs, target_probs))
+    if len(d_shape) != want_tok:
+        raise ValueError(f"draft_tokens must be int {lead}N]; got shape {d_shape}.")
+    n = d_shape[-1]
+    if n < 1:
+        raise ValueError(f"need at least one draft token (N >= 1); got N = {n}.")
+    if len(p_shape) != want_tok + 1 or p_shape[:-1] != d_shape:
+        raise ValueError(
+            f"draft_probs must be {lead}N, V] matching draft_tokens {d_shape}; got {p_shape}. "
+            "For drafters that pick tokens deterministically pass one-hot rows."
+        )
+    vocab = p_shape[-1]
+    want_q = (*d_shape[:-1], n + 1, vocab)
+    if tuple(q_shape) != want_q:
+        raise ValueError(
+            f"target_probs must be {lead}N + 1, V] = {want_q} (one row per draft plus the "
+            f"bonus position); got {q_shape}."
+        )
+    if is_concrete(draft_tokens):
+        toks = np.asarray(draft_tokens)
+        if toks.dtype.kind not in "iu":
+            raise ValueError(f"draft_tokens must be integers; got dtype {toks.dtype}.")
+        if toks.size and (toks.min() < 0 or toks.max() >= vocab):
+            raise ValueError(f"draft_tokens must lie in [0, {vocab}); got values {toks.min()}..{toks.max()}.")
+    check_distribution(draft_probs, "draft_probs")
+    check_distribution(target_probs, "target_probs")
+
+
+def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id):
+    n = draft_tokens.shape[0]
+    accept_key, sample_key = jax.random.split(key)
+
+    p_d = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
+    q_d = jnp.take_along_axis(target_probs[:n], draft_tokens[:, None], axis=-1)[:, 0]
+    u = jax.random.uniform(accept_key, (n,))
+    accepted = jnp.cumprod(u < acceptance_probability(p_d, q_d)).astype(bool)
+    num_accepted = jnp.sum(accepted).astype(jnp.int32)
+
+    # A zero row stands for "no draft" at the bonus position: residual(q, 0) = q,
+    # so the correction and the bonus token come from one code path.
+    p_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
+    next_dist = residual_distribution(target_probs[num_accepted], p_padded[num_accepted])
+    next_token = sample(sample_key, next_dist)
+
+    slots = jnp.arange(n + 1)
+    drafts_padded = jnp.concatenate([draft_tokens.astype(jnp.int32), jnp.zeros((1,), jnp.int32)])
+    tokens = jnp.where(slots < num_accepted, drafts_padded, pad_id)
+    tokens = jnp.where(slots == num_accepted, next_token, tokens).astype(jnp.int32)
+    return ChainVerdict(tokens, num_accepted, num_accepted + 1, accepted)
+
+
+_verify_chain_jit = jax.jit(_verify_chain)
+_verify_chain_batch_jit = jax.jit(jax.vmap(_verify_chain, in_axes=(0, 0, 0, 0, None)))
+
+
+def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0) -> ChainVerdict:
+    """Accepts a prefix of N drafts for one sequence and emits the next token.
+
+    Usable inside ``jit`` and ``vmap``; called on concrete arrays it validates
+    them first and runs a compiled version (one compilation per N and V).
+
+    Args:
+      draft_tokens: int32[N], the drafts, N >= 1 (static).
+      draft_probs: float32[N, V], the drafter's distribution at each draft
+        position (one-hot rows for deterministic drafters).
+      target_probs: float32[N + 1, V], the target's distribution at each draft
+        position and at the bonus position.
+      key: PRNG key.
+      pad_id: value for unused slots of ``tokens``.
+
+    Returns:
+      A :class:`ChainVerdict`.
+
+    Raises:
+      ValueError: mismatched shapes, N < 1, out-of-range tokens, or rows that
+        are not distributions.
+    """
+    validate_chain_inputs(draft_tokens, draft_probs, target_probs, batched=False)
+    fn = _verify_chain if _any_traced(draft_tokens, draft_probs, target_probs, key) else (_verify_chain_jit)
+    return fn(draft_tokens, draft_probs, target_probs, key, jnp.int32(pad_id))
+
+
+def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0) -> ChainVerdict:
+    """:func:`verify_chain` vmapped over a batch; every row is independent.
+
+    Args:
+      draft_tokens: int32[B, N].
+      draft_probs: float32[B, N, V].
+      target_probs: float32[B, N + 1, V].
+      keys: PRNG keys [B] (one per row, e.g. ``jax.random.split(key, B)``).
+      pad_id: value for unused slots of ``tokens``.
+
+    Returns:
+      A :class:`ChainVerdict` whose fields have a leading B axis.
+    """
+    validate_chain_inputs(draft_tokens, draft_probs, target_probs, batched=True)
+    if np.shape(keys)[:1] != np.shape(draft_tokens)[:1]:
+        raise ValueError(
+            f"need one key per row: got keys of shape {np.shape(keys)} for batch "
+            f"{np.shape(draft_tokens)[0]}; use jax.random.split(key, B)."
+        )
+    if _any_traced(draft_tokens, draft_probs, target_probs, keys):
+        fn = jax.vmap(_verify_chain, in_axes=(0, 0, 0, 0, None))
+    else:
+        fn = _verify_chain_batch_jit
+    return fn(draft_tokens, draft_probs, target_probs, keys, jnp.int32(pad_id))
+
+
+def _any_traced(*xs) -> bool:
+    return any(not is_concrete(x) for x in xs)

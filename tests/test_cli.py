@@ -1,0 +1,69 @@
+"""The jspec command line: --json output, exit status, clear errors."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jspec.cli import main
+
+
+def _json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_speedup_json(capsys):
+    code, out = _json(capsys, ["speedup", "--alpha", "0.8", "--cost-ratio", "0.05", "--json"])
+    assert code == 0
+    assert out["best_n"] == 8 and out["n"] == 8
+    assert out["expected_tokens"] == pytest.approx(4.32891136)
+    assert out["speedup"] == pytest.approx(4.32891136 / 1.4)
+
+
+def test_speedup_fixed_n_and_verify_cost(capsys):
+    argv = ["speedup", "--alpha", "0.9", "--cost-ratio", "0.04", "--n", "5", "--verify-cost", "2.5", "--json"]
+    code, out = _json(capsys, argv)
+    assert code == 0 and out["n"] == 5
+    assert out["speedup"] == pytest.approx((1 - 0.9**6) / 0.1 / (2.5 + 0.2))
+    assert out["best_n"] >= 5
+
+
+def test_speedup_text(capsys):
+    assert main(["speedup", "--alpha", "0.2", "--cost-ratio", "0.9", "--verify-cost", "2"]) == 0
+    assert "slower than plain decoding" in capsys.readouterr().out
+
+
+def test_check_json_passes(capsys):
+    code, out = _json(capsys, ["check", "--steps", "5000", "--num-draft", "3", "--vocab", "8", "--json"])
+    assert code == 0
+    assert {"chi2", "critical", "dof", "passed", "acceptance_rate"} <= out.keys()
+    assert out["passed"] is True and out["chi2"] <= out["critical"]
+
+
+def test_check_negative_control_exits_nonzero(capsys):
+    code, out = _json(capsys, ["check", "--steps", "20000", "--negative-control", "--json"])
+    assert code == 1 and out["passed"] is False
+
+
+def test_bad_input_is_a_clear_error(capsys):
+    assert main(["speedup", "--alpha", "1.5", "--cost-ratio", "0.1"]) == 2
+    assert "alpha" in capsys.readouterr().err
+    code, out = _json(capsys, ["check", "--distance", "2", "--json"])
+    assert code == 2 and "distance" in out["error"]
+    with pytest.raises(SystemExit):
+        main(["check", "--num-draft", "0"])
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("jspec") or str(__import__("pathlib").Path(sys.executable).with_name("jspec"))
+    proc = subprocess.run(
+        [exe, "speedup", "--alpha", "0.7", "--cost-ratio", "0.1", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(proc.stdout)["best_n"] >= 1

@@ -1,0 +1,24 @@
+"""The experiment scripts run end to end in their tiny mode."""
+
+import importlib.util
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speedup_table_tiny(tmp_path, capsys):
+    result = _load("speedup_table").main(["--tiny", "--out", str(tmp_path)])
+    assert (tmp_path / "speedup.png").stat().st_size > 10_000
+    saved = json.loads((tmp_path / "speedup.json").read_text())
+    assert len(saved["tables"]["1"]) == 5 * 6
+    for run in result["simulation"]:
+        assert abs(run["measured_tokens"] - run["expected_tokens"]) < 5 * run["measured_tokens_stderr"] + 1e-9
+    assert "Sweep at alpha = 0.9" in capsys.readouterr().out
