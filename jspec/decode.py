@@ -1,0 +1,222 @@
+"""Plain autoregressive decoding, the baseline every drafter is measured against.
+
+The whole loop (prefill, then one token per step until every row has hit
+end-of-sequence or its own ``max_new_tokens``) runs inside one jitted
+``lax.while_loop``; nothing returns to the host per token. Prompt length and
+the step budget are rounded up to buckets, so one compilation serves every
+request in a bucket; per-row lengths, budgets, temperatures and keys are
+arrays.
+
+The model is any Flax NNX module with the target interface:
+``model(tokens, positions, cache, mask=None, *, num_new=None, logit_index=None)``
+returning an object with ``logits`` and ``cache``, and
+``model.init_cache(batch, capacity)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from jspec.sampling import SamplingParams, probs_from_logits, sample
+
+__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket"]
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """The smallest power of two >= max(n, minimum): a static length that serves many requests."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Static shape facts of one compiled decode loop (hashable: a jit static argument).
+
+    Attributes:
+      prompt_len: padded prompt length P.
+      max_new: step budget M (per-row budgets are arrays <= M).
+      eos_ids: token ids that end a row.
+    """
+
+    prompt_len: int
+    max_new: int
+    eos_ids: tuple[int, ...]
+
+    @property
+    def capacity(self) -> int:
+        return self.prompt_len + self.max_new
+
+
+@struct.dataclass
+class _LoopState:
+    tokens: jax.Array  # int32[B, M], generated tokens
+    num_generated: jax.Array  # int32[B]
+    done: jax.Array  # bool[B]
+    last: jax.Array  # int32[B], the latest token, not yet fed to the model
+    cache: object
+    step: jax.Array  # int32[], target forwards after prefill
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """Host-side result of one batch.
+
+    Attributes:
+      tokens: per row, the generated ids (end-of-sequence included when hit).
+      seconds: wall time of the run, compilation excluded.
+      compile_seconds: time spent compiling for this call (0 when cached).
+      target_calls: target forwards, prefill included.
+    """
+
+    tokens: list[list[int]]
+    seconds: float
+    compile_seconds: float
+    target_calls: int
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    def stats(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "compile_seconds": self.compile_seconds,
+            "target_calls": self.target_calls,
+        }
+
+
+def _is_eos(tokens, eos_ids):
+    if not eos_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
+
+
+def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, config: DecodeConfig):
+    model = nnx.merge(graphdef, state)
+    b, p = prompts.shape
+    cache = model.init_cache(b, config.capacity)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    out = model(prompts, positions, cache, num_new=prompt_lengths, logit_index=prompt_lengths - 1)
+    first = sample(jax.random.fold_in(key, 0), probs_from_logits(out.logits[:, 0], params))
+
+    tokens = jnp.zeros((b, config.max_new), jnp.int32).at[:, 0].set(first)
+    num_generated = jnp.minimum(max_new, 1)
+    done = (max_new <= 1) | _is_eos(first, config.eos_ids)
+    init = _LoopState(tokens, num_generated, done, first, out.cache, jnp.int32(0))
+
+    def cond(s: _LoopState):
+        return ~jnp.all(s.done)
+
+    def body(s: _LoopState):
+        step_out = model(s.last[:, None], s.cache.lengths[:, None], s.cache)
+        step = s.step + 1
+        nxt = sample(jax.random.fold_in(key, step), probs_from_logits(step_out.logits[:, 0], params))
+        live = ~s.done
+        slot = jnp.minimum(s.num_generated, config.max_new - 1)
+        tokens = s.tokens.at[jnp.arange(b), slot].set(jnp.where(live, nxt, s.tokens[jnp.arange(b), slot]))
+        num_generated = s.num_generated + live.astype(jnp.int32)
+        done = s.done | _is_eos(nxt, config.eos_ids) | (num_generated >= max_new)
+        return _LoopState(tokens, num_generated, done, nxt, step_out.cache, step)
+
+    final = jax.lax.while_loop(cond, body, init)
+    return final.tokens, final.num_generated, final.step + 1
+
+
+_decode_jit = jax.jit(_decode, static_argnums=(0, 7))
+
+
+class Decoder:
+    """Plain decoding with a model split once; compiled loops are cached per bucket."""
+
+    def __init__(self, model: nnx.Module, eos_ids: tuple[int, ...] = (), max_position: int | None = None):
+        self.graphdef, self.state = nnx.split(model)
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.max_position = max_position or getattr(getattr(model, "config", None), "max_position", None)
+        self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+        self._compiled: dict = {}
+
+    def _validate(self, prompts, max_new_tokens: int):
+        if not prompts:
+            raise ValueError("no prompts given.")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}.")
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty; give at least one token.")
+            if self.vocab_size is not None and (min(prompt) < 0 or max(prompt) >= self.vocab_size):
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self.vocab_size}).")
+            need = len(prompt) + max_new_tokens
+            if self.max_position is not None and need > self.max_position:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens {max_new_tokens} that needs "
+                    f"{need} cache slots but the model's context holds {self.max_position}. Shorten the "
+                    "prompt or lower max_new_tokens."
+                )
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+    ) -> GenerationResult:
+        """Generates for a batch of prompts of any lengths.
+
+        Args:
+          prompts: token ids per row.
+          max_new_tokens: the budget of every row.
+          sampling: temperature/top-k/top-p (default greedy); scalars or per row.
+          seed: PRNG seed.
+        """
+        self._validate(prompts, max_new_tokens)
+        sampling = sampling or SamplingParams.greedy()
+        b = len(prompts)
+        lengths = np.array([len(p) for p in prompts], np.int32)
+        config = DecodeConfig(bucket(int(lengths.max())), bucket(max_new_tokens), self.eos_ids)
+        if self.max_position is not None and config.capacity > self.max_position:
+            config = dataclasses.replace(
+                config, max_new=max(self.max_position - config.prompt_len, max_new_tokens)
+            )
+        padded = np.zeros((b, config.prompt_len), np.int32)
+        for i, p in enumerate(prompts):
+            padded[i, : len(p)] = p
+        args = (
+            self.graphdef,
+            self.state,
+            jnp.asarray(padded),
+            jnp.asarray(lengths),
+            jnp.full((b,), max_new_tokens, jnp.int32),
+            sampling,
+            jax.random.PRNGKey(seed),
+            config,
+        )
+        # Compile ahead of time so the timing below is the loop alone.
+        t0 = time.perf_counter()
+        key = (b, config)
+        if key not in self._compiled:
+            self._compiled[key] = _decode_jit.lower(*args).compile()
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tokens, counts, calls = self._compiled[key](*args[1:7])
+        tokens, counts = np.asarray(tokens), np.asarray(counts)
+        seconds = time.perf_counter() - t0
+        return GenerationResult(
+            tokens=[tokens[i, : counts[i]].tolist() for i in range(b)],
+            seconds=seconds,
+            compile_seconds=compile_s,
+            target_calls=int(calls),
+        )

@@ -1,0 +1,257 @@
+"""The Llama family in Flax NNX: Llama layout (SmolLM2) and Qwen2 (QKV bias, untied output).
+
+Grouped-query attention, RMSNorm, SwiGLU, half-split (NeoX) rotary embeddings.
+The layer weights are stacked along a leading L axis, so the same parameters
+serve an unrolled Python loop over layers and a ``lax.scan``; which one runs
+is chosen per backend in :func:`layer_loop_for_backend`, the only place that
+knows (measured in BENCHMARKS.md).
+
+The KV cache is not part of the module: :meth:`Transformer.__call__` takes a
+:class:`jspec.cache.KVCache` and returns the new one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jspec.models.config import ModelConfig
+
+from jspec.cache import KVCache
+
+__all__ = ["ModelOutput", "Transformer", "layer_loop_for_backend"]
+
+LAYER_PARAMS = (
+    "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "mlp_norm", "w_gate", "w_up", "w_down",
+)  # fmt: skip
+
+
+def layer_loop_for_backend(backend: str | None = None) -> str:
+    """ "unrolled" or "scan": the faster way to run the layers on this backend.
+
+    On XLA CPU the unrolled loop measured 1.5-3x faster per decode step (scan
+    slices each layer's weights out of the stack every step); on accelerators
+    scan compiles much faster and runs as fast.
+    """
+    backend = backend or jax.default_backend()
+    return "unrolled" if backend == "cpu" else "scan"
+
+
+@struct.dataclass
+class ModelOutput:
+    """Attributes:
+    logits: float32[B, T, V] (or [B, 1, V] with ``logit_index``).
+    hidden_states: tuple of float32[B, T, H], the residual stream after each
+      layer named in ``hidden_layers``, in that order.
+    cache: the new :class:`KVCache`.
+    """
+
+    logits: jax.Array
+    hidden_states: tuple
+    cache: KVCache
+
+
+def _expand(w: jax.Array, ndim: int) -> jax.Array:
+    """Adds leading axes so w broadcasts against an ndim array (explicit, rank promotion off)."""
+    return w.reshape((1,) * (ndim - w.ndim) + w.shape)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(var + eps) * _expand(weight, x.ndim)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Half-split (NeoX) rotary embedding. x: [B, T, heads, D], positions: int[B, T]."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq[None, None, :]  # [B, T, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class LayerWeights(nnx.Module):
+    """One layer's weights, or all layers' stacked along a leading L axis (``stack=L``)."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, stack: int | None = None):
+        c = config
+        lead = () if stack is None else (stack,)
+        init = nnx.initializers.normal(0.02)
+        H, F, D = c.hidden_size, c.intermediate_size, c.head_dim
+        qd, kvd = c.num_heads * D, c.num_kv_heads * D
+
+        def param(*shape):
+            return nnx.Param(init(rngs.params(), lead + shape, dtype))
+
+        self.attn_norm = nnx.Param(jnp.ones(lead + (H,), dtype))
+        self.wq, self.wk, self.wv = param(H, qd), param(H, kvd), param(H, kvd)
+        self.wo = param(qd, H)
+        if c.qkv_bias:
+            self.bq, self.bk, self.bv = param(qd), param(kvd), param(kvd)
+        else:
+            self.bq = self.bk = self.bv = None
+        self.mlp_norm = nnx.Param(jnp.ones(lead + (H,), dtype))
+        self.w_gate, self.w_up, self.w_down = param(H, F), param(H, F), param(F, H)
+
+    def arrays(self) -> dict:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if getattr(self, name) is not None}
+
+
+class Transformer(nnx.Module):
+    """A decoder-only transformer of the Llama family.
+
+    With ``layer_loop="unrolled"`` each layer keeps its own arrays (slicing a
+    stacked weight inside jit copies it on XLA CPU, which cost 10x per decode
+    step); with ``"scan"`` the layers are stacked along a leading L axis.
+    """
+
+    def __init__(
+        self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, layer_loop: str | None = None
+    ):
+        c = config
+        self.config = c
+        self.layer_loop = layer_loop or layer_loop_for_backend()
+        if self.layer_loop not in ("unrolled", "scan"):
+            raise ValueError(f"layer_loop must be 'unrolled' or 'scan'; got {self.layer_loop!r}.")
+        init = nnx.initializers.normal(0.02)
+        self.embed = nnx.Param(init(rngs.params(), (c.vocab_size, c.hidden_size), dtype))
+        if self.layer_loop == "scan":
+            self.layers = LayerWeights(c, rngs, dtype, stack=c.num_layers)
+        else:
+            self.layers = nnx.List([LayerWeights(c, rngs, dtype) for _ in range(c.num_layers)])
+        self.final_norm = nnx.Param(jnp.ones((c.hidden_size,), dtype))
+        self.lm_head = (
+            None if c.tie_embeddings else nnx.Param(init(rngs.params(), (c.vocab_size, c.hidden_size), dtype))
+        )
+
+    # ------------------------------------------------------------------ pieces
+
+    def _layer(self, p: dict, x, write, positions, mask):
+        """One decoder layer.
+
+        Args:
+          x: [B, T, H], the residual stream.
+          write: stores this step's keys and values [B, T, KVH, D] in the
+            cache and returns this layer's whole cache (k, v) [B, S, KVH, D].
+
+        Returns:
+          The new residual stream.
+        """
+        c = self.config
+        b, t, _ = x.shape
+        h = rms_norm(x, p["attn_norm"], c.rms_eps)
+        q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+        if c.qkv_bias:
+            q, k, v = q + _expand(p["bq"], 3), k + _expand(p["bk"], 3), v + _expand(p["bv"], 3)
+        group = c.num_heads // c.num_kv_heads
+        q = apply_rope(q.reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
+        k = apply_rope(k.reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
+        v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+        k_all, v_all = write(k, v)
+
+        q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k_all) * (c.head_dim**-0.5)
+        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(scores.dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1)
+        attn = jnp.einsum("bkgts,bskd->btkgd", weights, v_all).reshape(b, t, c.num_heads * c.head_dim)
+        x = x + attn @ p["wo"]
+
+        h = rms_norm(x, p["mlp_norm"], c.rms_eps)
+        x = x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+        return x
+
+    def output_weights(self) -> jax.Array:
+        """float[V, H]: the output layer (the embedding when tied)."""
+        return (self.embed if self.lm_head is None else self.lm_head)[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Final norm and output layer: [..., H] → float32[..., V]."""
+        h = rms_norm(hidden, self.final_norm[...], self.config.rms_eps)
+        return (h @ self.output_weights().T).astype(jnp.float32)
+
+    # ------------------------------------------------------------------ forward
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: KVCache,
+        mask: jax.Array | None = None,
+        *,
+        num_new: jax.Array | None = None,
+        hidden_layers: tuple[int, ...] = (),
+        logit_index: jax.Array | None = None,
+    ) -> ModelOutput:
+        """Runs T new tokens per row against the cache.
+
+        Args:
+          tokens: int32[B, T].
+          positions: int32[B, T], the RoPE positions.
+          cache: the cache; row b's new entries go to slots lengths[b] .. + T.
+          mask: bool[B, T, S] over cache slots (after the write); None means
+            causal: committed slots plus new tokens up to and including t.
+          num_new: int32[B], how many of the T tokens each row commits (for
+            right-padded prompts); default T. Becomes part of the new lengths.
+          hidden_layers: layers whose output residual stream to return (static).
+          logit_index: int32[B]; when given, logits only at that token of each
+            row ([B, 1, V]), which saves the output layer's cost in prefill.
+
+        Returns:
+          A :class:`ModelOutput`.
+        """
+        c = self.config
+        b, t = tokens.shape
+        for layer in hidden_layers:
+            if not 0 <= layer < c.num_layers:
+                raise ValueError(f"hidden layer {layer} out of range for a {c.num_layers}-layer model.")
+        if mask is None:
+            mask = cache.causal_mask(t)
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+        slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
+        x = jnp.take(self.embed[...], tokens, axis=0)
+
+        if self.layer_loop == "scan":
+
+            def body(x, xs):
+                p, k_layer, v_layer = xs
+                written = {}
+
+                def write(k, v):
+                    # Each row writes at its own slots; out-of-range slots are dropped, never clamped.
+                    written["k"] = k_layer.at[rows, slots].set(k.astype(k_layer.dtype), mode="drop")
+                    written["v"] = v_layer.at[rows, slots].set(v.astype(v_layer.dtype), mode="drop")
+                    return written["k"], written["v"]
+
+                x = self._layer(p, x, write, positions, mask)
+                return x, (written["k"], written["v"], x if hidden_layers else None)
+
+            xs = (self.layers.arrays(), cache.k, cache.v)
+            x, (new_k, new_v, all_hidden) = jax.lax.scan(body, x, xs)
+            hidden = tuple(all_hidden[i] for i in hidden_layers)
+        else:
+            buf, outs = {"k": cache.k, "v": cache.v}, {}
+            for i, layer in enumerate(self.layers):
+
+                def write(k, v, i=i):
+                    # Writes only the new entries into the whole cache, then reads the
+                    # layer back: write-before-read lets XLA update the buffer in place.
+                    buf["k"] = buf["k"].at[i, rows, slots].set(k.astype(buf["k"].dtype), mode="drop")
+                    buf["v"] = buf["v"].at[i, rows, slots].set(v.astype(buf["v"].dtype), mode="drop")
+                    return buf["k"][i], buf["v"][i]
+
+                x = self._layer(layer.arrays(), x, write, positions, mask)
+                outs[i] = x
+            new_k, new_v = buf["k"], buf["v"]
+            hidden = tuple(outs[i] for i in hidden_layers)
+
+        if logit_index is not None:
+            x = jnp.take_along_axis(x, logit_index.astype(jnp.int32)[:, None, None], axis=1)
+        num_new = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
+        new_cache = KVCache(new_k, new_v, cache.lengths).advance(num_new)
+        return ModelOutput(logits=self.logits(x), hidden_states=hidden, cache=new_cache)
+
+    def init_cache(self, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
+        c = self.config
+        return KVCache.create(c.num_layers, batch, capacity, c.num_kv_heads, c.head_dim, dtype)

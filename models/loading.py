@@ -1,0 +1,315 @@
+"""Weights in and out: GGUF files, Hugging Face folders, and the converted-model cache.
+
+Every model ends up as a Hugging Face style folder (``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``), which is
+also what Colab users already have. A GGUF file is dequantized once with the
+``gguf`` package into such a folder; :func:`load_folder` reads any such folder
+into a :class:`~jspec.models.llama.Transformer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jspec.models.config import ModelConfig
+from jspec.models.llama import Transformer
+from jspec.models.tokenizer import TextTokenizer, tokenizer_from_gguf_metadata
+
+__all__ = [
+    "convert_gguf",
+    "file_sha256",
+    "gguf_metadata",
+    "load_folder",
+    "params_from_hf",
+]
+
+MANIFEST = "jspec_manifest.json"
+
+
+def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _progress(iterable, desc: str, total: int | None = None):
+    """A tqdm bar on stderr, silent when stderr is not a terminal and JSPEC_PROGRESS is unset."""
+    from tqdm.auto import tqdm
+
+    disable = not (sys.stderr.isatty() or os.environ.get("JSPEC_PROGRESS"))
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=disable, leave=False)
+
+
+# ---------------------------------------------------------------------- GGUF
+
+
+def gguf_metadata(reader) -> dict:
+    """All key/values of a ``gguf.GGUFReader`` as Python values."""
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        meta[key] = field.contents()
+    return meta
+
+
+def _config_from_gguf(meta: dict, tensor_names: set[str]) -> ModelConfig:
+    arch = meta["general.architecture"]
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; jspec loads 'llama' and 'qwen2'.")
+    heads = int(meta[f"{arch}.attention.head_count"])
+    hidden = int(meta[f"{arch}.embedding_length"])
+    vocab = int(meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"]))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eos_ids = [] if eos is None else [int(eos)]
+    # Instruct models end a turn with <|im_end|> (ChatML) even when the file names another EOS.
+    tokens = meta["tokenizer.ggml.tokens"]
+    for extra in ("<|im_end|>", "<|endoftext|>"):
+        if extra in tokens and tokens.index(extra) not in eos_ids:
+            eos_ids.append(tokens.index(extra))
+    return ModelConfig(
+        family=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(meta[f"{arch}.feed_forward_length"]),
+        num_layers=int(meta[f"{arch}.block_count"]),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
+        rms_eps=float(meta[f"{arch}.attention.layer_norm_rms_epsilon"]),
+        qkv_bias="blk.0.attn_q.bias" in tensor_names,
+        tie_embeddings="output.weight" not in tensor_names,
+        max_position=int(meta.get(f"{arch}.context_length", 8192)),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(eos_ids),
+    )
+
+
+def _unpermute_llama(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undoes llama.cpp's Q/K row permutation (interleaved RoPE pairs → half-split).
+
+    w: [heads * D, in] in PyTorch layout.
+    """
+    out, inp = w.shape
+    return w.reshape(num_heads, out // num_heads // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+_GGUF_TO_HF = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def convert_gguf(
+    gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest: dict | None = None
+) -> pathlib.Path:
+    """Dequantizes a GGUF file into a Hugging Face style folder (float32 safetensors).
+
+    The folder is written next to its final place and renamed into it, so an
+    interrupted conversion never leaves a half-written model behind.
+    """
+    import gguf
+    from safetensors.numpy import save_file
+
+    gguf_path, out_dir = pathlib.Path(gguf_path), pathlib.Path(out_dir)
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as err:  # gguf raises assorted errors on bad files
+        raise ValueError(
+            f"{gguf_path} is not a readable GGUF file ({err}); delete it and fetch again."
+        ) from err
+    meta = gguf_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    config = _config_from_gguf(meta, names)
+    tokenizer = TextTokenizer(
+        tokenizer=tokenizer_from_gguf_metadata(meta),
+        eos_token_ids=config.eos_token_ids,
+        chat_template=meta.get("tokenizer.chat_template"),
+        bos_token_id=config.bos_token_id,
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+    tensors = {}
+    for t in _progress(reader.tensors, f"dequantizing {gguf_path.name}"):
+        w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name == "token_embd.weight":
+            tensors["model.embed_tokens.weight"] = w
+        elif t.name == "output.weight":
+            tensors["lm_head.weight"] = w
+        elif t.name == "output_norm.weight":
+            tensors["model.norm.weight"] = w
+        elif t.name.startswith("blk."):
+            _, layer, rest = t.name.split(".", 2)
+            if config.family == "llama" and rest == "attn_q.weight":
+                w = _unpermute_llama(w, config.num_heads)
+            elif config.family == "llama" and rest == "attn_k.weight":
+                w = _unpermute_llama(w, config.num_kv_heads)
+            if rest not in _GGUF_TO_HF:
+                raise ValueError(f"unexpected tensor {t.name} in {gguf_path.name}.")
+            tensors[f"model.layers.{layer}.{_GGUF_TO_HF[rest]}"] = w
+        else:
+            raise ValueError(f"unexpected tensor {t.name} in {gguf_path.name}.")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
+        tokenizer.save(tmp)
+        manifest = {
+            "source": gguf_path.name,
+            "model.safetensors": {
+                "size": (tmp / "model.safetensors").stat().st_size,
+                "sha256": file_sha256(tmp / "model.safetensors"),
+            },
+            **(extra_manifest or {}),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+# ---------------------------------------------------------------------- HF folders
+
+
+def params_from_hf(tensors: dict, config: ModelConfig) -> dict:
+    """Hugging Face tensor names ([out, in] layout) → jspec's stacked parameters ([in, out])."""
+    L = config.num_layers
+
+    def get(name):
+        if name not in tensors:
+            raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
+        return np.asarray(tensors[name], np.float32)
+
+    def stack(suffix, transpose):
+        arrays = [get(f"model.layers.{i}.{suffix}") for i in range(L)]
+        return np.stack([a.T if transpose else a for a in arrays])
+
+    params = {
+        "embed": get("model.embed_tokens.weight"),
+        "attn_norm": stack("input_layernorm.weight", False),
+        "wq": stack("self_attn.q_proj.weight", True),
+        "wk": stack("self_attn.k_proj.weight", True),
+        "wv": stack("self_attn.v_proj.weight", True),
+        "wo": stack("self_attn.o_proj.weight", True),
+        "mlp_norm": stack("post_attention_layernorm.weight", False),
+        "w_gate": stack("mlp.gate_proj.weight", True),
+        "w_up": stack("mlp.up_proj.weight", True),
+        "w_down": stack("mlp.down_proj.weight", True),
+        "final_norm": get("model.norm.weight"),
+    }
+    if config.qkv_bias:
+        params |= {
+            n: stack(f"self_attn.{p}_proj.bias", False) for n, p in (("bq", "q"), ("bk", "k"), ("bv", "v"))
+        }
+    if not config.tie_embeddings:
+        params["lm_head"] = get("lm_head.weight") if "lm_head.weight" in tensors else params["embed"]
+    want_v = config.vocab_size
+    if params["embed"].shape != (want_v, config.hidden_size):
+        raise ValueError(
+            f"embedding is {params['embed'].shape}, config.json says vocab {want_v} x hidden {config.hidden_size}."
+        )
+    return params
+
+
+def _read_safetensors(folder: pathlib.Path) -> dict:
+    from safetensors.numpy import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {folder}.")
+    tensors = {}
+    for f in files:
+        try:
+            tensors |= load_file(str(f))
+        except Exception as err:  # safetensors raises its own error types on bad files
+            raise ValueError(f"{f} is corrupt or truncated ({err}); refusing to load it.") from err
+    return tensors
+
+
+def _check_manifest(folder: pathlib.Path) -> None:
+    """Refuses a converted folder whose weights file changed since conversion."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return
+    manifest = json.loads(path.read_text())
+    entry = manifest.get("model.safetensors")
+    target = folder / "model.safetensors"
+    if entry and target.exists():
+        size = target.stat().st_size
+        if size != entry["size"]:
+            raise ValueError(
+                f"{target} has {size} bytes, the conversion wrote {entry['size']}: the file is truncated or "
+                "changed. Delete the folder and run `jspec fetch` again."
+            )
+
+
+def load_folder(
+    folder: str | pathlib.Path, *, layer_loop: str | None = None, dtype=jnp.float32
+) -> tuple[Transformer, TextTokenizer]:
+    """Loads a Hugging Face style model folder into a Transformer and its tokenizer."""
+    folder = pathlib.Path(folder)
+    if not (folder / "config.json").exists():
+        raise ValueError(f"{folder} has no config.json; pass a Hugging Face model folder.")
+    _check_manifest(folder)
+    config = ModelConfig.from_json_file(folder / "config.json")
+    tokenizer = TextTokenizer.load(folder, config.eos_token_ids)
+    if config.eos_token_ids == () and tokenizer.eos_token_ids:
+        config = ModelConfig(**{**config.__dict__, "eos_token_ids": tokenizer.eos_token_ids})
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
+            f"{config.vocab_size}: they do not belong together."
+        )
+    params = params_from_hf(_read_safetensors(folder), config)
+    return build_model(config, params, layer_loop=layer_loop, dtype=dtype), tokenizer
+
+
+def build_model(config: ModelConfig, params: dict, *, layer_loop: str | None = None, dtype=jnp.float32):
+    """A Transformer whose parameters are ``params`` (no random init is materialized)."""
+    abstract = nnx.eval_shape(
+        lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=layer_loop)
+    )
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    for path, var in flat.items():
+        name = path[-1]
+        if name not in params:
+            raise ValueError(f"no weights for parameter {name!r}.")
+        value = params[name]
+        if path[0] == "layers" and len(path) == 3:  # unrolled: one layer's slice
+            value = value[path[1]]
+        if tuple(value.shape) != tuple(var.shape):
+            raise ValueError(
+                f"parameter {name!r}: weights have shape {value.shape}, the model wants {var.shape}."
+            )
+        flat[path] = var.replace(jax.device_put(jnp.asarray(value, dtype)))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
