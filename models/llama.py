@@ -85,14 +85,14 @@ class LayerWeights(nnx.Module):
         def param(*shape):
             return nnx.Param(init(rngs.params(), lead + shape, dtype))
 
-        self.attn_norm = nnx.Param(jnp.ones(lead + (H,), dtype))
+        self.attn_norm = nnx.Param(jnp.ones((*lead, H), dtype))
         self.wq, self.wk, self.wv = param(H, qd), param(H, kvd), param(H, kvd)
         self.wo = param(qd, H)
         if c.qkv_bias:
             self.bq, self.bk, self.bv = param(qd), param(kvd), param(kvd)
         else:
             self.bq = self.bk = self.bv = None
-        self.mlp_norm = nnx.Param(jnp.ones(lead + (H,), dtype))
+        self.mlp_norm = nnx.Param(jnp.ones((*lead, H), dtype))
         self.w_gate, self.w_up, self.w_down = param(H, F), param(H, F), param(F, H)
 
     def arrays(self) -> dict:

@@ -44,7 +44,7 @@ def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _progress(iterable, desc: str, total: int | None = None):
+def progress(iterable, desc: str, total: int | None = None):
     """A tqdm bar on stderr, silent when stderr is not a terminal and JSPEC_PROGRESS is unset."""
     from tqdm.auto import tqdm
 
@@ -153,7 +153,7 @@ def convert_gguf(
     )
 
     tensors = {}
-    for t in _progress(reader.tensors, f"dequantizing {gguf_path.name}"):
+    for t in progress(reader.tensors, f"dequantizing {gguf_path.name}"):
         w = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         if t.name == "token_embd.weight":
             tensors["model.embed_tokens.weight"] = w
@@ -235,7 +235,8 @@ def params_from_hf(tensors: dict, config: ModelConfig) -> dict:
     want_v = config.vocab_size
     if params["embed"].shape != (want_v, config.hidden_size):
         raise ValueError(
-            f"embedding is {params['embed'].shape}, config.json says vocab {want_v} x hidden {config.hidden_size}."
+            f"embedding is {params['embed'].shape}, config.json says "
+            f"vocab {want_v} x hidden {config.hidden_size}."
         )
     return params
 
