@@ -11,12 +11,16 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	# torch 2.13.0 is the CPU build this machine keeps on disk; a plain `torch` would pull a CUDA build.
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,reference]'
 	touch $(STAMP)
 
 demo: setup
 	$(BIN)/jspec check
-	$(BIN)/python experiments/speedup_table.py
+	$(BIN)/jspec fetch smollm2-135m
+	$(BIN)/jspec generate --model smollm2-135m --chat --max-new-tokens 96 \
+		--prompt "Explain in three sentences why speculative decoding can be exact."
 
 test: setup
 	$(BIN)/ruff check .
