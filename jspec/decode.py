@@ -188,9 +188,7 @@ class Decoder:
         lengths = np.array([len(p) for p in prompts], np.int32)
         config = DecodeConfig(bucket(int(lengths.max())), bucket(max_new_tokens), self.eos_ids)
         if self.max_position is not None and config.capacity > self.max_position:
-            config = dataclasses.replace(
-                config, max_new=max(self.max_position - config.prompt_len, max_new_tokens)
-            )
+            config = dataclasses.replace(config, max_new=max(self.max_position - config.prompt_len, max_new_tokens))
         padded = np.zeros((b, config.prompt_len), np.int32)
         for i, p in enumerate(prompts):
             padded[i, : len(p)] = p

@@ -112,9 +112,7 @@ class SpeedupEstimate:
         return self.speedup > 1.0
 
 
-def estimate(
-    alpha: float, num_draft: int, cost_ratio: float, verify_cost: VerifyCost = 1.0
-) -> SpeedupEstimate:
+def estimate(alpha: float, num_draft: int, cost_ratio: float, verify_cost: VerifyCost = 1.0) -> SpeedupEstimate:
     """All figures for one (α, N, c, r)."""
     r = _verify_cost(verify_cost, num_draft)
     tpt = time_per_token(alpha, num_draft, cost_ratio, r)

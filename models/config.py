@@ -50,9 +50,7 @@ class ModelConfig:
         if self.family not in ("llama", "qwen2"):
             raise ValueError(f"unknown model family {self.family!r}; jspec knows 'llama' and 'qwen2'.")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}).")
 
     @property
     def num_params(self) -> int:
@@ -93,9 +91,7 @@ class ModelConfig:
     def from_hf(cls, cfg: dict) -> ModelConfig:
         model_type = cfg.get("model_type")
         if model_type not in ("llama", "qwen2"):
-            raise ValueError(
-                f"config.json has model_type {model_type!r}; jspec loads 'llama' and 'qwen2' models."
-            )
+            raise ValueError(f"config.json has model_type {model_type!r}; jspec loads 'llama' and 'qwen2' models.")
         eos = cfg.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
         heads = cfg["num_attention_heads"]

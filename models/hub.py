@@ -93,9 +93,7 @@ def verify_file(path: pathlib.Path, source: ModelSource) -> None:
         )
     digest = file_sha256(path)
     if digest != source.sha256:
-        raise ValueError(
-            f"{path} has SHA-256 {digest}, {source.name} must have {source.sha256}; refusing it."
-        )
+        raise ValueError(f"{path} has SHA-256 {digest}, {source.name} must have {source.sha256}; refusing it.")
 
 
 def ensure_gguf(name: str) -> pathlib.Path:

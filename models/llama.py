@@ -15,9 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
-from jspec.models.config import ModelConfig
 
 from jspec.cache import KVCache
+from jspec.models.config import ModelConfig
 
 __all__ = ["ModelOutput", "Transformer", "layer_loop_for_backend"]
 
@@ -107,9 +107,7 @@ class Transformer(nnx.Module):
     step); with ``"scan"`` the layers are stacked along a leading L axis.
     """
 
-    def __init__(
-        self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, layer_loop: str | None = None
-    ):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, layer_loop: str | None = None):
         c = config
         self.config = c
         self.layer_loop = layer_loop or layer_loop_for_backend()

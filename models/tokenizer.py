@@ -39,9 +39,7 @@ def _pre_tokenizer(name: str):
         )
     if name in ("gpt2", "default"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise ValueError(
-        f"GGUF pre-tokenizer {name!r} is not supported; known: qwen2, smollm, starcoder, refact, gpt2."
-    )
+    raise ValueError(f"GGUF pre-tokenizer {name!r} is not supported; known: qwen2, smollm, starcoder, refact, gpt2.")
 
 
 def tokenizer_from_gguf_metadata(meta: dict) -> Tokenizer:
@@ -53,9 +51,7 @@ def tokenizer_from_gguf_metadata(meta: dict) -> Tokenizer:
     """
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(
-            f"GGUF tokenizer model {kind!r} is not supported; jspec reads byte-level BPE ('gpt2')."
-        )
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; jspec reads byte-level BPE ('gpt2').")
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
@@ -64,12 +60,8 @@ def tokenizer_from_gguf_metadata(meta: dict) -> Tokenizer:
     tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "gpt2"))
     tok.decoder = decoders.ByteLevel()
     # Control (3) and user-defined (4) tokens match whole, before BPE.
-    special = [
-        AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 3
-    ]
-    user = [
-        AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 4
-    ]
+    special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 3]
+    user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 4]
     tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)

@@ -6,11 +6,11 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from jspec.decode import Decoder
 from jspec.models.hub import ensure_gguf, load_model, verify_file
 from jspec.models.loading import load_folder
 from jspec.models.registry import get_source
-
-from jspec.decode import Decoder
 
 PARITY_RTOL = 1e-4  # max |jspec - torch| / max |torch| over all logits; set once
 TEXTS = [
@@ -47,10 +47,7 @@ def test_cached_decode_equals_full_forward(smollm2):
 
 def test_greedy_batch_rows_match_each_alone(smollm2):
     model, tok = smollm2
-    prompts = [
-        tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
-        for q in ("Name a fruit.", "2+2?")
-    ]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in ("Name a fruit.", "2+2?")]
     decoder = Decoder(model, tok.eos_token_ids)
     batch = decoder.generate(prompts, 12)
     for prompt, row in zip(prompts, batch.tokens, strict=True):
@@ -113,9 +110,7 @@ def reference():
     transformers = pytest.importorskip("transformers")
     path = ensure_gguf("smollm2-135m")
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     return torch, tok, model.eval()
 
 
@@ -128,9 +123,7 @@ def test_logits_match_transformers(smollm2, reference):
         assert ids == ref_tok(text)["input_ids"]
         with torch.no_grad():
             want = ref_model(torch.tensor([ids])).logits[0].numpy()
-        got = np.asarray(
-            model(jnp.array([ids]), jnp.arange(len(ids))[None], model.init_cache(1, len(ids))).logits[0]
-        )
+        got = np.asarray(model(jnp.array([ids]), jnp.arange(len(ids))[None], model.init_cache(1, len(ids))).logits[0])
         assert np.abs(got - want).max() / np.abs(want).max() < PARITY_RTOL
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
@@ -147,7 +140,7 @@ def test_chat_template_matches_transformers(smollm2, reference):
 
 @pytest.mark.torch
 def test_greedy_generation_matches_transformers(smollm2, reference):
-    torch, ref_tok, ref_model = reference
+    torch, _, ref_model = reference
     model, tok = smollm2
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rivers."}]))
     with torch.no_grad():

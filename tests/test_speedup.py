@@ -22,9 +22,7 @@ def _brute_e(alpha, n):
     return sum(alpha**k for k in range(n + 1))
 
 
-@pytest.mark.parametrize(
-    ("alpha", "n"), list(itertools.product([0.0, 0.3, 0.6, 0.9, 0.999999, 1.0], [1, 2, 5, 64]))
-)
+@pytest.mark.parametrize(("alpha", "n"), list(itertools.product([0.0, 0.3, 0.6, 0.9, 0.999999, 1.0], [1, 2, 5, 64])))
 def test_expected_tokens_matches_sum(alpha, n):
     assert expected_tokens(alpha, n) == pytest.approx(_brute_e(alpha, n), rel=1e-9)
 

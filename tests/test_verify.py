@@ -55,9 +55,7 @@ def _emission(p, q, residual_fn):
 @given(weights, st.data())
 def test_one_position_emits_exactly_q(raw_p, data):
     """p(x) min(1, q/p) + P(reject) residual(x) = q(x), for any p and q, zeros included."""
-    raw_q = data.draw(
-        hnp.arrays(np.float64, raw_p.shape, elements=st.one_of(st.just(0.0), st.floats(1e-3, 1.0)))
-    )
+    raw_q = data.draw(hnp.arrays(np.float64, raw_p.shape, elements=st.one_of(st.just(0.0), st.floats(1e-3, 1.0))))
     if raw_p.sum() == 0 or raw_q.sum() == 0:
         return
     p, q = raw_p / raw_p.sum(), raw_q / raw_q.sum()
@@ -84,9 +82,7 @@ def test_acceptance_rule_values():
 def test_residual_all_zero_falls_back_to_q():
     q = jnp.array([0.1, 0.2, 0.7])
     np.testing.assert_allclose(residual_distribution(q, q), q)
-    np.testing.assert_allclose(
-        residual_distribution(q, jnp.array([0.0, 0.5, 0.5])), [1 / 3, 0.0, 2 / 3], rtol=1e-6
-    )
+    np.testing.assert_allclose(residual_distribution(q, jnp.array([0.0, 0.5, 0.5])), [1 / 3, 0.0, 2 / 3], rtol=1e-6)
 
 
 # ---------------------------------------------------------------- statistics of the real verifier
@@ -146,9 +142,7 @@ def test_negative_control_verifier_without_residual_fails():
     rng = np.random.default_rng(0)
     q = _random_dist(rng, (4, V))
     p = _random_dist(rng, (3, V))
-    tokens, num_accepted = _run(
-        jnp.asarray(p), jnp.asarray(q), 30_000, seed=3, verifier=verify_chain_without_residual
-    )
+    tokens, num_accepted = _run(jnp.asarray(p), jnp.asarray(q), 30_000, seed=3, verifier=verify_chain_without_residual)
     assert min(_position_p_values(tokens, num_accepted, q)) < LEVEL
 
 
@@ -289,6 +283,4 @@ def test_bad_input_raises_clear_value_error(mutate, message):
 def test_batch_needs_one_key_per_row():
     d, p, q = _ok()
     with pytest.raises(ValueError, match="one key per row"):
-        verify_chain_batch(
-            d[None].repeat(3, 0), p[None].repeat(3, 0), q[None].repeat(3, 0), jax.random.PRNGKey(0)
-        )
+        verify_chain_batch(d[None].repeat(3, 0), p[None].repeat(3, 0), q[None].repeat(3, 0), jax.random.PRNGKey(0))

@@ -1,6 +1,7 @@
 """Tiny random-weight models for unit tests (real-model tests use SmolLM2)."""
 
 from flax import nnx
+
 from jspec.models.config import ModelConfig
 from jspec.models.llama import Transformer
 
