@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jspec.sampling import SamplingParams, probs_from_logits, sample
+from jspec.sampling import SamplingParams, sample_logits
 
 __all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket"]
 
@@ -111,7 +111,7 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
     cache = model.init_cache(b, config.capacity)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     out = model(prompts, positions, cache, num_new=prompt_lengths, logit_index=prompt_lengths - 1)
-    first = sample(jax.random.fold_in(key, 0), probs_from_logits(out.logits[:, 0], params))
+    first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
 
     tokens = jnp.zeros((b, config.max_new), jnp.int32).at[:, 0].set(first)
     num_generated = jnp.minimum(max_new, 1)
@@ -124,7 +124,7 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
     def body(s: _LoopState):
         step_out = model(s.last[:, None], s.cache.lengths[:, None], s.cache)
         step = s.step + 1
-        nxt = sample(jax.random.fold_in(key, step), probs_from_logits(step_out.logits[:, 0], params))
+        nxt = sample_logits(jax.random.fold_in(key, step), step_out.logits[:, 0], params)
         live = ~s.done
         slot = jnp.minimum(s.num_generated, config.max_new - 1)
         tokens = s.tokens.at[jnp.arange(b), slot].set(jnp.where(live, nxt, s.tokens[jnp.arange(b), slot]))

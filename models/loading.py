@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.models.config import ModelConfig
-from jspec.models.llama import Transformer
+from jspec.models.llama import FUSED, Transformer
 from jspec.models.tokenizer import TextTokenizer, tokenizer_from_gguf_metadata
 
 __all__ = [
@@ -346,15 +346,21 @@ def build_model(config: ModelConfig, weights, *, layer_loop: str | None = None, 
             return params[name] if layer is None else params[name][layer]
     else:
         lookup = weights
+
+    def layer_value(name, layer):
+        if name in FUSED:
+            return np.concatenate([lookup(part, layer) for part in FUSED[name]], axis=-1)
+        return lookup(name, layer)
+
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=layer_loop))
     graphdef, state = nnx.split(abstract)
     flat = dict(nnx.to_flat_state(state))
     for path, var in progress(flat.items(), "loading weights", total=len(flat)):
         name = path[-1]
         if path[0] == "layers" and len(path) == 3:  # unrolled: one layer's arrays
-            value = lookup(name, path[1])
+            value = layer_value(name, path[1])
         elif path[0] == "layers":  # scanned: stacked along L
-            value = np.stack([lookup(name, i) for i in range(config.num_layers)])
+            value = np.stack([layer_value(name, i) for i in range(config.num_layers)])
         else:
             value = lookup(name, None)
         if tuple(value.shape) != tuple(var.shape):

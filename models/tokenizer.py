@@ -95,12 +95,17 @@ class TextTokenizer:
         """Renders the model's own (Jinja) chat template."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; drop --chat and pass the raw prompt.")
-        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        # A sandbox: the template is data that came with untrusted model files.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
         template = env.from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        special = {
+            "bos_token": "" if self.bos_token_id is None else self.tokenizer.id_to_token(self.bos_token_id),
+            "eos_token": self.tokenizer.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else "",
+        }
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None, **special)
 
     # ------------------------------------------------------------------ files
 

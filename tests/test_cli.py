@@ -67,3 +67,31 @@ def test_console_script_is_installed():
         check=True,
     )
     assert json.loads(proc.stdout)["best_n"] >= 1
+
+
+def test_generate_json_on_the_real_model(capsys, smollm2):
+    argv = [
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "What is 2+2?",
+        "--chat",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ]
+    code, out = _json(capsys, argv)
+    assert code == 0
+    assert isinstance(out["text"], str) and 1 <= len(out["tokens"]) <= 8
+    assert {"new_tokens", "seconds", "tokens_per_s", "compile_seconds", "target_calls"} <= out["stats"].keys()
+    assert out["stats"]["new_tokens"] == len(out["tokens"])
+
+
+def test_generate_bad_input(capsys):
+    assert main(["generate", "--model", "nope", "--prompt", "x"]) == 2
+    assert "known models" in capsys.readouterr().err
+    assert main(["generate", "--prompt", ""]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err

@@ -44,29 +44,28 @@ def test_negative_control_cache_off_by_one_position_differs():
     assert np.abs(np.asarray(wrong.logits[:, 0] - full.logits[:, 5])).max() > 10 * ATOL
 
 
+def _random_params(config, seed=0):
+    """Checkpoint-style weights (separate q/k/v, gate/up), layers stacked [L, ...]."""
+    rng = np.random.default_rng(seed)
+    c = config
+    L, H, F, D = c.num_layers, c.hidden_size, c.intermediate_size, c.head_dim
+    qd, kvd = c.num_heads * D, c.num_kv_heads * D
+    shapes = {
+        "embed": (c.vocab_size, H), "final_norm": (H,), "lm_head": (c.vocab_size, H),
+        "attn_norm": (L, H), "wq": (L, H, qd), "wk": (L, H, kvd), "wv": (L, H, kvd), "wo": (L, qd, H),
+        "bq": (L, qd), "bk": (L, kvd), "bv": (L, kvd), "mlp_norm": (L, H),
+        "w_gate": (L, H, F), "w_up": (L, H, F), "w_down": (L, F, H),
+    }  # fmt: skip
+    return {k: (0.1 * rng.standard_normal(v)).astype(np.float32) for k, v in shapes.items()}
+
+
 def test_scan_and_unrolled_agree():
-    model = tiny_model("qwen2", "unrolled")
-    params = {
-        name: np.stack([np.asarray(getattr(layer, name)[...]) for layer in model.layers])
-        for name in (
-            "attn_norm",
-            "wq",
-            "wk",
-            "wv",
-            "wo",
-            "bq",
-            "bk",
-            "bv",
-            "mlp_norm",
-            "w_gate",
-            "w_up",
-            "w_down",
-        )
-    }
-    params |= {"embed": model.embed[...], "final_norm": model.final_norm[...], "lm_head": model.lm_head[...]}
-    scan = build_model(model.config, params, layer_loop="scan")
+    config = tiny_config("qwen2")
+    params = _random_params(config)
+    unrolled = build_model(config, params, layer_loop="unrolled")
+    scan = build_model(config, params, layer_loop="scan")
     toks = jax.random.randint(jax.random.PRNGKey(2), (2, 7), 0, 97)
-    a = model(toks, _positions(2, 0, 7), model.init_cache(2, 16), hidden_layers=(0, 2))
+    a = unrolled(toks, _positions(2, 0, 7), unrolled.init_cache(2, 16), hidden_layers=(0, 2))
     b = scan(toks, _positions(2, 0, 7), scan.init_cache(2, 16), hidden_layers=(0, 2))
     np.testing.assert_allclose(a.logits, b.logits, atol=ATOL)
     np.testing.assert_allclose(a.cache.k, b.cache.k, atol=ATOL)

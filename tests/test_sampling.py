@@ -122,3 +122,16 @@ def test_check_distribution():
         check_distribution(jnp.array([[0.25, 0.5]]), "p")
     with pytest.raises(ValueError, match="NaN"):
         check_distribution(jnp.array([[jnp.nan, 1.0]]))
+
+
+def test_sample_logits_greedy_shortcut_and_sampled_path():
+    from jspec.sampling import sample_logits
+
+    logits = jax.random.normal(jax.random.PRNGKey(0), (6, 40))
+    key = jax.random.PRNGKey(1)
+    greedy = sample_logits(key, logits, SamplingParams.greedy())
+    assert greedy.tolist() == jnp.argmax(logits, -1).tolist()
+    params = SamplingParams.create(temperature=jnp.array([0.0, 1, 1, 1, 1, 1]), top_k=5)
+    mixed = sample_logits(key, logits, params)
+    assert mixed.tolist() == sample(key, probs_from_logits(logits, params)).tolist()
+    assert int(mixed[0]) == int(jnp.argmax(logits[0]))
