@@ -174,6 +174,24 @@ def measure_read_bandwidth(gib: float = 1.0) -> float:
     return x.nbytes / min(times)
 
 
+def measure_gemv_bandwidth(gib: float = 0.5) -> float:
+    """Bytes per second XLA reaches in a matrix-vector product: the pattern of a batch-1 decode step."""
+    import jax
+    import jax.numpy as jnp
+
+    cols = 1024
+    w = jnp.ones((int(gib * (1 << 30)) // 4 // cols, cols), jnp.float32)
+    x = jnp.ones((1, w.shape[0]), jnp.float32)
+    gemv = jax.jit(lambda x, w: x @ w)
+    gemv(x, w).block_until_ready()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        gemv(x, w).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return w.nbytes / min(times)
+
+
 def _run_worker(kind: str, model: str, batches: list[int], max_new: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--models", model, "--batches", ",".join(map(str, batches)),
            "--max-new-tokens", str(max_new)]  # fmt: skip
@@ -204,8 +222,14 @@ def main(argv: list[str] | None = None) -> dict:
         models, batches, args.max_new_tokens, args.no_transformers = ["smollm2-135m"], [1], 16, True
 
     bandwidth = measure_read_bandwidth()
-    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
-    results = {"read_bandwidth_gbps": bandwidth / 1e9, "max_new_tokens": args.max_new_tokens, "models": {}}
+    gemv_bw = measure_gemv_bandwidth()
+    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (XLA matrix-vector product: {gemv_bw / 1e9:.1f} GB/s)")
+    results = {
+        "read_bandwidth_gbps": bandwidth / 1e9,
+        "gemv_bandwidth_gbps": gemv_bw / 1e9,
+        "max_new_tokens": args.max_new_tokens,
+        "models": {},
+    }
     for name in models:
         entry = {"jspec": _run_worker("jspec", name, batches, args.max_new_tokens)}
         if not args.no_transformers:
