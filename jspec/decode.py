@@ -25,7 +25,7 @@ from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, sample_logits
 
-__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket"]
+__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket", "validate_prompts"]
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -139,6 +139,26 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
 _decode_jit = jax.jit(_decode, static_argnums=(0, 7))
 
 
+def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None) -> None:
+    """Raises ValueError, before anything is compiled, for requests that cannot run."""
+    if not prompts:
+        raise ValueError("no prompts given.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}.")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; give at least one token.")
+        if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}).")
+        need = len(prompt) + max_new_tokens
+        if max_position is not None and need > max_position:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens {max_new_tokens} that needs "
+                f"{need} cache slots but the model's context holds {max_position}. Shorten the "
+                "prompt or lower max_new_tokens."
+            )
+
+
 class Decoder:
     """Plain decoding with a model split once; compiled loops are cached per bucket."""
 
@@ -150,22 +170,7 @@ class Decoder:
         self._compiled: dict = {}
 
     def _validate(self, prompts, max_new_tokens: int):
-        if not prompts:
-            raise ValueError("no prompts given.")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}.")
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty; give at least one token.")
-            if self.vocab_size is not None and (min(prompt) < 0 or max(prompt) >= self.vocab_size):
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self.vocab_size}).")
-            need = len(prompt) + max_new_tokens
-            if self.max_position is not None and need > self.max_position:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens {max_new_tokens} that needs "
-                    f"{need} cache slots but the model's context holds {self.max_position}. Shorten the "
-                    "prompt or lower max_new_tokens."
-                )
+        validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
 
     def generate(
         self,

@@ -1,0 +1,199 @@
+"""Chain drafters behind one small interface.
+
+A drafter is a frozen, hashable object (a static argument of the engine's
+jit) holding only static facts; its arrays (a draft model's weights and KV
+cache) travel in a pytree ``state`` that the engine threads through the loop
+without looking inside. Three methods:
+
+* ``init(weights, prompts, lengths, capacity, sampling) -> state``: prefill.
+* ``propose(weights, state, ctx, key, sampling) -> Proposal``: N draft
+  tokens per row with the distributions they were drawn from.
+* ``commit(weights, state, ctx, num_accepted) -> state``: keep what the
+  target accepted, forget the rest.
+
+``ctx`` is a :class:`Context` the engine fills: the token history per row
+(prompt and generated text, the pending token included) and its length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jspec.sampling import SamplingParams, probs_from_logits, sample
+
+__all__ = ["Context", "DraftModel", "PromptLookup", "Proposal"]
+
+
+@struct.dataclass
+class Context:
+    """What the engine tells a drafter each step.
+
+    Attributes:
+      history: int32[B, C], prompt then generated tokens; slots >= length unused.
+      length: int32[B], valid tokens in ``history``; the last one is the pending
+        token (sampled, not yet fed to any model).
+      cache_length: int32[B], tokens the target has in its KV cache
+        (``length - 1``).
+    """
+
+    history: jax.Array
+    length: jax.Array
+    cache_length: jax.Array
+
+    @property
+    def last(self) -> jax.Array:
+        return jnp.take_along_axis(self.history, (self.length - 1)[:, None], axis=1)[:, 0]
+
+
+@struct.dataclass
+class Proposal:
+    """Attributes:
+    tokens: int32[B, N], the drafts.
+    probs: float32[B, N, V], the distributions they were drawn from (one-hot
+      rows for deterministic drafters).
+    has_draft: bool[B], whether the row has anything worth verifying; when no
+      row has, the engine takes a plain one-token step instead.
+    """
+
+    tokens: jax.Array
+    probs: jax.Array
+    has_draft: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookup:
+    """Prompt lookup (n-gram) drafting: continue the latest earlier match of the text's last n tokens.
+
+    Tries n = max_ngram down to min_ngram and takes the longest suffix that
+    occurred before; the draft is what followed it (as far as the text goes).
+    No model, so the drafts are deterministic (one-hot distributions).
+    """
+
+    num_draft: int
+    vocab_size: int
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if self.num_draft < 1:
+            raise ValueError(f"num_draft must be >= 1; got {self.num_draft}.")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {self.min_ngram}, {self.max_ngram}.")
+
+    def init(self, weights, prompts, lengths, capacity, sampling):
+        return ()
+
+    def propose(self, weights, state, ctx: Context, key, sampling: SamplingParams) -> Proposal:
+        tokens, has = jax.vmap(self._lookup_row)(ctx.history, ctx.length)
+        probs = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
+        return Proposal(tokens, probs, has), state
+
+    def _lookup_row(self, history, length):
+        """One row: (draft int32[N], found bool)."""
+        c = history.shape[0]
+        idx = jnp.arange(c)
+        best_end = jnp.int32(-1)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            match = (idx >= n - 1) & (idx <= length - 2) & (length >= n + 1)
+            for k in range(n):
+                suffix_tok = history[jnp.maximum(length - 1 - k, 0)]
+                match &= jnp.roll(history, k) == suffix_tok  # history[idx - k]
+            end = jnp.max(jnp.where(match, idx, -1))
+            best_end = jnp.where(best_end >= 0, best_end, end)
+        start = best_end + 1
+        pos = start + jnp.arange(self.num_draft)
+        valid = (best_end >= 0) & (pos < length)
+        draft = jnp.where(valid, history[jnp.clip(pos, 0, c - 1)], 0).astype(jnp.int32)
+        return draft, best_end >= 0
+
+    def commit(self, weights, state, ctx, num_accepted):
+        return state
+
+
+@struct.dataclass
+class _DraftModelState:
+    cache: object  # the draft model's KVCache
+    pending: jax.Array  # int32[B]: a token accepted last step that the draft model has not seen, or -1
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+    """A separate, smaller model with the target's tokenizer, unrolled N steps with ``lax.scan``.
+
+    ``weights`` (the engine passes them through) is the model's NNX state;
+    ``graphdef`` is static. Its drafts are sampled with the same sampling
+    parameters as the target's, and their distributions go to the verifier.
+    """
+
+    graphdef: nnx.GraphDef
+    num_draft: int
+    vocab_size: int
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, num_draft: int, target_vocab_size: int):
+        """(drafter, weights). Raises ValueError when the vocabularies differ."""
+        vocab = model.config.vocab_size
+        if vocab != target_vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({vocab}) differs from the target's ({target_vocab_size}); "
+                "a draft model must share the target's tokenizer."
+            )
+        if num_draft < 1:
+            raise ValueError(f"num_draft must be >= 1; got {num_draft}.")
+        graphdef, weights = nnx.split(model)
+        return cls(graphdef, num_draft, vocab), weights
+
+    def init(self, weights, prompts, lengths, capacity, sampling):
+        model = nnx.merge(self.graphdef, weights)
+        b, p = prompts.shape
+        cache = model.init_cache(b, capacity)
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        # The same prompt the target prefilled; the target's first sample is the pending token.
+        out = model(prompts, positions, cache, num_new=lengths, logit_index=lengths - 1)
+        return _DraftModelState(out.cache, jnp.full((b,), -1, jnp.int32))
+
+    def propose(self, weights, state: _DraftModelState, ctx: Context, key, sampling: SamplingParams):
+        model = nnx.merge(self.graphdef, weights)
+        b = ctx.history.shape[0]
+        last = ctx.last
+        cache = state.cache
+        # Catch up: feed [pending, last] (pending only where a token is missing), read logits at last.
+        has_pending = state.pending >= 0
+        first = jnp.stack([jnp.where(has_pending, state.pending, last), last], axis=1)
+        positions = cache.lengths[:, None] + jnp.arange(2)[None, :]
+        n_new = 1 + has_pending.astype(jnp.int32)
+        out = model(first, positions, cache, num_new=n_new, logit_index=n_new - 1)
+        cache = out.cache
+        probs0 = probs_from_logits(out.logits[:, 0], sampling)
+        tok0 = sample(jax.random.fold_in(key, 0), probs0)
+
+        def step(carry, i):
+            cache, tok = carry
+            o = model(tok[:, None], cache.lengths[:, None], cache)
+            p = probs_from_logits(o.logits[:, 0], sampling)
+            nxt = sample(jax.random.fold_in(key, i), p)
+            return (o.cache, nxt), (nxt, p)
+
+        (cache, _), (toks, probs) = jax.lax.scan(step, (cache, tok0), jnp.arange(1, self.num_draft))
+        tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)
+        probs = jnp.concatenate([probs0[:, None], jnp.moveaxis(probs, 0, 1)], axis=1)
+        proposal = Proposal(tokens.astype(jnp.int32), probs, jnp.ones((b,), bool))
+        return proposal, _DraftModelState(cache, state.pending)
+
+    def commit(self, weights, state: _DraftModelState, ctx: Context, num_accepted):
+        """``ctx`` is the context after the step: the accepted drafts and the new pending token appended.
+
+        The draft cache holds the old pending token and drafts 1..N-1, so it
+        agrees with the committed text up to ``ctx.cache_length`` unless all N
+        drafts were accepted: the last draft was never fed, and becomes the
+        next step's catch-up token.
+        """
+        all_in = num_accepted >= self.num_draft
+        lengths = ctx.cache_length - all_in.astype(jnp.int32)
+        last_draft = jnp.take_along_axis(ctx.history, jnp.maximum(ctx.length - 2, 0)[:, None], axis=1)[:, 0]
+        pending = jnp.where(all_in, last_draft, -1)
+        return _DraftModelState(state.cache.rollback(lengths), pending)

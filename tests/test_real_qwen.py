@@ -1,0 +1,70 @@
+"""Qwen2.5-Coder-0.5B-Instruct against transformers: a slow test (a 491 MB download, 2.5 GB in float32)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec.decode import Decoder
+from jspec.models.hub import ensure_gguf, load_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+PARITY_RTOL = 1e-4  # as for SmolLM2: max |jspec - torch| / max |torch|
+TEXTS = [
+    "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs",
+    "The quick brown fox jumps over the lazy dog. 1234567890",
+    "// Compute the n-th Fibonacci number in C\nint fib(int n) {",
+]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = ensure_gguf("qwen2.5-coder-0.5b")
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return torch, tok, model.eval()
+
+
+def test_config(qwen):
+    model, tok = qwen
+    c = model.config
+    assert (c.family, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (
+        "qwen2", 24, 896, 14, 2, 64,
+    )  # fmt: skip
+    assert c.qkv_bias and c.vocab_size == 151936 and c.rope_theta == 1e6
+    assert tok.decode(tok.encode(TEXTS[0])) == TEXTS[0]
+
+
+def test_logits_and_tokens_match_transformers(qwen, reference):
+    torch, ref_tok, ref_model = reference
+    model, tok = qwen
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids == ref_tok(text)["input_ids"]
+        with torch.no_grad():
+            want = ref_model(torch.tensor([ids])).logits[0].numpy()
+        cache = model.init_cache(1, len(ids))
+        got = np.asarray(model(jnp.array([ids]), jnp.arange(len(ids))[None], cache).logits[0])
+        assert np.abs(got - want).max() / np.abs(want).max() < PARITY_RTOL
+
+
+def test_chat_template_and_greedy_generation_match(qwen, reference):
+    torch, ref_tok, ref_model = reference
+    model, tok = qwen
+    messages = [{"role": "user", "content": "Write a Python one-liner that sums a list."}]
+    text = tok.apply_chat_template(messages)
+    assert text == ref_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(text)
+    with torch.no_grad():
+        out = ref_model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
+    want = out[0, len(ids) :].tolist()
+    got = Decoder(model, tok.eos_token_ids).generate([ids], 20).tokens[0]
+    n = min(len(got), len(want))
+    assert got[:n] == want[:n] and n >= 8
