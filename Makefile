@@ -25,7 +25,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "not slow and not torch"
+	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow"

@@ -135,22 +135,38 @@ def _cmd_fetch(args) -> int:
     return 0
 
 
-def _cmd_generate(args) -> int:
+def _decoder(args, model, tokenizer):
+    """The decoder for --method: plain, prompt lookup or a draft model."""
     from jspec.decode import Decoder
+    from jspec.drafters import DraftModel, PromptLookup
+    from jspec.engine import SpeculativeDecoder
+    from jspec.models.hub import load_model
+
+    if args.method == "ar":
+        return Decoder(model, tokenizer.eos_token_ids)
+    if args.method == "ngram":
+        drafter, weights = PromptLookup(args.num_draft, model.config.vocab_size), ()
+    else:
+        draft, _ = load_model(args.draft_model)
+        drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size)
+    return SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
+
+
+def _cmd_generate(args) -> int:
     from jspec.models.hub import load_model
     from jspec.sampling import SamplingParams
 
-    if args.method != "ar":
-        raise ValueError(f"--method {args.method} is not available yet; use --method ar.")
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     if not args.prompt:
         raise ValueError("--prompt is empty; give the text to continue.")
+    if args.method == "draft" and not args.draft_model:
+        raise ValueError("--method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
     model, tokenizer = load_model(args.model)
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
-    decoder = Decoder(model, tokenizer.eos_token_ids)
+    decoder = _decoder(args, model, tokenizer)
     result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed)
     new = result.tokens[0]
     completion = tokenizer.decode(new)
@@ -228,7 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text with a real model")
     p.add_argument("--model", default="smollm2-135m", help="registry name or a Hugging Face model folder")
-    p.add_argument("--method", default="ar", choices=["ar"], help="decoding method")
+    p.add_argument(
+        "--method",
+        default="ar",
+        choices=["ar", "ngram", "draft"],
+        help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model)",
+    )
+    p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
+    p.add_argument("--num-draft", type=_positive_int, default=4, help="N, tokens drafted per step")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")

@@ -65,6 +65,7 @@ class SpecResult(GenerationResult):
     emitted_in_verify: int = 0
     live_row_steps: int = 0
     accept_hist: list[int] = dataclasses.field(default_factory=list)
+    cache_lengths: list[int] = dataclasses.field(default_factory=list)  # target tokens committed per row
 
     @property
     def tau(self) -> float:
@@ -112,7 +113,7 @@ def _emit(state: _State, tokens, count, max_new, eos_ids):
     return out, num_generated, done
 
 
-def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new, params, key, config):
+def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new, params, key, config, verifier):
     target = nnx.merge(tgraph, tweights)
     n = drafter.num_draft
     b, p = prompts.shape
@@ -150,16 +151,19 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
         positions = ctx.cache_length[:, None] + jnp.arange(n + 1)[None, :]
         out = target(tokens, positions, s.cache)
         q = probs_from_logits(out.logits, params)
-        verdict = verify_chain_batch(proposal.tokens, proposal.probs, q, jax.random.split(step_key, b))
-        a = verdict.num_accepted
-        cache = out.cache.rollback(ctx.cache_length + 1 + a)
-        emitted = verdict.num_emitted
+        verdict = verifier(proposal.tokens, proposal.probs, q, jax.random.split(step_key, b))
+        live = ~s.done
+        a = jnp.where(live, verdict.num_accepted, 0)
+        emitted = jnp.where(live, verdict.num_emitted, 0)
+        # Finished rows keep their lengths: nothing they see changes any more.
+        cache = out.cache.rollback(ctx.cache_length + jnp.where(live, 1 + a, 0))
         new_ctx = Context(
-            _append(ctx.history, ctx.length, verdict.tokens), ctx.length + emitted, ctx.cache_length + 1 + a
+            _append(ctx.history, ctx.length, verdict.tokens),
+            ctx.length + emitted,
+            ctx.cache_length + jnp.where(live, 1 + a, 0),
         )
         dstate = drafter.commit(dweights, dstate, new_ctx, a)
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
-        live = ~s.done
         return dataclasses.replace(
             s,
             out=o,
@@ -178,11 +182,13 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
         ctx = s.ctx
         out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache)
         nxt = sample_logits(step_key, out.logits[:, 0], params)
-        new_ctx = Context(_append(ctx.history, ctx.length, nxt[:, None]), ctx.length + 1, ctx.cache_length + 1)
+        live = (~s.done).astype(jnp.int32)
+        cache = out.cache.rollback(ctx.cache_length + live)
+        new_ctx = Context(_append(ctx.history, ctx.length, nxt[:, None]), ctx.length + live, ctx.cache_length + live)
         dstate = drafter.commit(dweights, dstate, new_ctx, jnp.zeros((b,), jnp.int32))
         o, g, d = _emit(s, nxt[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
         return dataclasses.replace(
-            s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=out.cache, drafter=dstate,
+            s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
             plain_steps=s.plain_steps + 1,
         )  # fmt: skip
 
@@ -197,13 +203,28 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
     return final
 
 
-_spec_jit = jax.jit(_spec_decode, static_argnums=(0, 2, 9))
+_spec_jit = jax.jit(_spec_decode, static_argnums=(0, 2, 9, 10))
 
 
 class SpeculativeDecoder:
     """Speculative decoding with any chain drafter; compiled loops are cached per bucket."""
 
-    def __init__(self, target: nnx.Module, drafter, drafter_weights=(), eos_ids: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        target: nnx.Module,
+        drafter,
+        drafter_weights=(),
+        eos_ids: tuple[int, ...] = (),
+        verifier=verify_chain_batch,
+    ):
+        """Args:
+        target: the target model (see :mod:`jspec.decode` for the interface).
+        drafter: a drafter from :mod:`jspec.drafters` (static, hashable).
+        drafter_weights: its arrays (a draft model's NNX state), or ().
+        eos_ids: tokens that end a row.
+        verifier: the batched chain verifier; tests pass a broken one as a negative control.
+        """
+        self.verifier = verifier
         self.tgraph, self.tweights = nnx.split(target)
         self.drafter = drafter
         self.dweights = drafter_weights
@@ -232,6 +253,7 @@ class SpeculativeDecoder:
             sampling,
             jax.random.PRNGKey(seed),
             config,
+            self.verifier,
         )
         t0 = time.perf_counter()
         key = (b, config)
@@ -255,4 +277,5 @@ class SpeculativeDecoder:
             emitted_in_verify=int(final.emitted_in_verify),
             live_row_steps=int(final.live_row_steps),
             accept_hist=np.asarray(final.accept_hist).tolist(),
+            cache_lengths=np.asarray(final.cache.lengths).tolist(),
         )

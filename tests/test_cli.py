@@ -95,3 +95,13 @@ def test_generate_bad_input(capsys):
     assert "empty" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_generate_ngram_reports_speculation_stats(capsys, smollm2):
+    argv = ["generate", "--method", "ngram", "--num-draft", "3", "--prompt", "a b c a b c a b", "--max-new-tokens", "8"]
+    code, out = _json(capsys, [*argv, "--json"])
+    assert code == 0
+    assert {"tau", "acceptance_by_position", "target_calls"} <= out["stats"].keys()
+    assert len(out["stats"]["acceptance_by_position"]) == 3
+    assert main(["generate", "--method", "draft", "--prompt", "x"]) == 2
+    assert "--draft-model" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny import tiny_model
+from tiny import peaked_model, tiny_model
 
 from jspec.decode import Decoder
 from jspec.drafters import Context, DraftModel, PromptLookup
@@ -75,3 +75,79 @@ def test_prompt_lookup_finds_the_latest_longest_match():
 def test_vocabulary_mismatch_is_a_clear_error(target):
     with pytest.raises(ValueError, match=r"vocabulary \(50\) differs from the target's \(97\)"):
         DraftModel.from_model(tiny_model(vocab_size=50), 3, 97)
+
+
+class _ScriptedDrafter:
+    """Proposes fixed drafts per row (a test double with the drafter interface)."""
+
+    def __init__(self, drafts):
+        self.num_draft = drafts.shape[1]
+        self._drafts = tuple(map(tuple, drafts.tolist()))
+
+    def __hash__(self):
+        return hash(self._drafts)
+
+    def __eq__(self, other):
+        return isinstance(other, _ScriptedDrafter) and other._drafts == self._drafts
+
+    def init(self, weights, prompts, lengths, capacity, sampling):
+        return ()
+
+    def propose(self, weights, state, ctx, key, sampling):
+        import jax
+
+        from jspec.drafters import Proposal
+
+        tokens = jnp.asarray(self._drafts, jnp.int32)
+        return Proposal(tokens, jax.nn.one_hot(tokens, 97), jnp.ones(tokens.shape[0], bool)), state
+
+    def commit(self, weights, state, ctx, num_accepted):
+        return state
+
+
+def test_seed_lesson_exercise_cache_lengths_and_no_recompute(target):
+    """Row A's drafts are the target's own greedy tokens (all accepted); row B's second draft is wrong."""
+    n = 4
+    prompts = [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]
+    greedy = Decoder(target).generate(prompts, n + 2).tokens
+    drafts = np.array([greedy[0][1 : n + 1], greedy[1][1 : n + 1]])
+    drafts[1, 1] = (drafts[1, 1] + 1) % 97  # B rejects at draft position 2
+    engine = SpeculativeDecoder(target, _ScriptedDrafter(drafts))
+    result = engine.generate(prompts, 3)  # one verify step serves both rows' budgets
+    assert result.target_calls == 2 and result.verify_steps == 1  # prefill + one verify: nothing recomputed
+    assert result.accept_hist == [0, 1, 0, 0, 1]  # B accepted 1, A accepted all 4
+    # Committed in the target cache: prompt, the pending token, and the accepted drafts.
+    assert result.cache_lengths == [5 + 1 + n, 5 + 1 + 1]
+    assert result.tokens == [greedy[0][:3], greedy[1][:3]]
+
+
+def test_sampled_output_has_the_target_distribution_with_negative_control():
+    """Temperature 1: the 2nd and 3rd emitted tokens (both verified) match plain sampling."""
+    import jax
+    from scipy import stats
+
+    from jspec.check import two_sample_chi2, verify_chain_without_residual
+    from jspec.sampling import SamplingParams
+    from jspec.verify import verify_chain
+
+    rows = 3000
+    prompts = [[7, 8, 9, 10]] * rows
+    params = SamplingParams.create(temperature=1.0)
+    target = peaked_model(seed=5)
+    plain = np.array(Decoder(target).generate(prompts, 3, params, seed=1).tokens)
+    draft = peaked_model(seed=6, num_layers=1)
+    drafter, weights = DraftModel.from_model(draft, 2, 97)
+
+    def p_value(verifier):
+        engine = SpeculativeDecoder(target, drafter, weights, verifier=jax.vmap(verifier))
+        spec = np.array(engine.generate(prompts, 3, params, seed=2).tokens)
+        chi2, dof = 0.0, 0
+        for j in (1, 2):
+            c, d = two_sample_chi2(np.bincount(spec[:, j], minlength=97), np.bincount(plain[:, j], minlength=97))
+            chi2, dof = chi2 + c, dof + d
+        return stats.chi2.sf(chi2, dof)
+
+    from stats_util import LEVEL
+
+    assert p_value(verify_chain) > LEVEL
+    assert p_value(verify_chain_without_residual) < LEVEL

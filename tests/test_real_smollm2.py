@@ -177,3 +177,19 @@ def test_hugging_face_folder_gives_the_same_logits_and_tokens(tmp_path, smollm2,
         Decoder(hf_model, hf_tok.eos_token_ids).generate([prompt], 8).tokens
         == Decoder(model, tok.eos_token_ids).generate([prompt], 8).tokens
     )
+
+
+def test_prompt_lookup_greedy_equals_plain_greedy(smollm2):
+    """Speculative greedy output is plain greedy output, token for token, on the real model."""
+    from jspec.drafters import PromptLookup
+    from jspec.engine import SpeculativeDecoder
+
+    model, tok = smollm2
+    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    questions = [f"Repeat this code and add a mul function:\n{code}", "List the days of the week."]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
+    plain = Decoder(model, tok.eos_token_ids).generate(prompts, 48)
+    spec = SpeculativeDecoder(model, PromptLookup(4, model.config.vocab_size), (), tok.eos_token_ids)
+    result = spec.generate(prompts, 48)
+    assert result.tokens == plain.tokens
+    assert result.verify_steps > 0 and result.tau > 1.0

@@ -26,3 +26,25 @@ def tiny_config(family="llama", **kw) -> ModelConfig:
 
 def tiny_model(family="llama", layer_loop="unrolled", seed=0, **kw) -> Transformer:
     return Transformer(tiny_config(family, **kw), rngs=nnx.Rngs(seed), layer_loop=layer_loop)
+
+
+def peaked_model(family="qwen2", seed=0, scale=0.4, layer_loop="unrolled", **kw) -> Transformer:
+    """A tiny model with large random weights: its next-token distributions are far from uniform,
+    so two such models disagree often (what statistical tests with negative controls need)."""
+    import numpy as np
+
+    from jspec.models.loading import build_model
+
+    c = tiny_config(family, **kw)
+    rng = np.random.default_rng(seed)
+    L, H, F, D = c.num_layers, c.hidden_size, c.intermediate_size, c.head_dim
+    qd, kvd = c.num_heads * D, c.num_kv_heads * D
+    shapes = {
+        "embed": (c.vocab_size, H), "lm_head": (c.vocab_size, H),
+        "wq": (L, H, qd), "wk": (L, H, kvd), "wv": (L, H, kvd), "wo": (L, qd, H),
+        "bq": (L, qd), "bk": (L, kvd), "bv": (L, kvd), "w_gate": (L, H, F), "w_up": (L, H, F), "w_down": (L, F, H),
+    }  # fmt: skip
+    params = {k: (scale * rng.standard_normal(v)).astype(np.float32) for k, v in shapes.items()}
+    params |= {"attn_norm": np.ones((L, H), np.float32), "mlp_norm": np.ones((L, H), np.float32)}
+    params["final_norm"] = np.ones((H,), np.float32)
+    return build_model(c, params, layer_loop=layer_loop)
