@@ -139,6 +139,25 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
 _decode_jit = jax.jit(_decode, static_argnums=(0, 7))
 
 
+def pad_prompts(prompts, prompt_len: int) -> tuple[jax.Array, jax.Array]:
+    """Right-pads token lists to [B, prompt_len]; returns (tokens int32[B, P], lengths int32[B])."""
+    padded = np.zeros((len(prompts), prompt_len), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = p
+    return jnp.asarray(padded), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+def compile_once(cache: dict, key, jitted, args) -> tuple[object, float]:
+    """The compiled executable for ``key`` (compiling ahead of time on first use) and the seconds it took.
+
+    Compiling before the run keeps compilation out of the timed loop.
+    """
+    t0 = time.perf_counter()
+    if key not in cache:
+        cache[key] = jitted.lower(*args).compile()
+    return cache[key], time.perf_counter() - t0
+
+
 def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None) -> None:
     """Raises ValueError, before anything is compiled, for requests that cannot run."""
     if not prompts:
@@ -169,9 +188,6 @@ class Decoder:
         self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
         self._compiled: dict = {}
 
-    def _validate(self, prompts, max_new_tokens: int):
-        validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
-
     def generate(
         self,
         prompts: list[list[int]],
@@ -187,34 +203,18 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
         """
-        self._validate(prompts, max_new_tokens)
+        validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
         sampling = sampling or SamplingParams.greedy()
         b = len(prompts)
-        lengths = np.array([len(p) for p in prompts], np.int32)
-        config = DecodeConfig(bucket(int(lengths.max())), bucket(max_new_tokens), self.eos_ids)
+        config = DecodeConfig(bucket(max(len(p) for p in prompts)), bucket(max_new_tokens), self.eos_ids)
         if self.max_position is not None and config.capacity > self.max_position:
             config = dataclasses.replace(config, max_new=max(self.max_position - config.prompt_len, max_new_tokens))
-        padded = np.zeros((b, config.prompt_len), np.int32)
-        for i, p in enumerate(prompts):
-            padded[i, : len(p)] = p
-        args = (
-            self.graphdef,
-            self.state,
-            jnp.asarray(padded),
-            jnp.asarray(lengths),
-            jnp.full((b,), max_new_tokens, jnp.int32),
-            sampling,
-            jax.random.PRNGKey(seed),
-            config,
-        )
-        # Compile ahead of time so the timing below is the loop alone.
+        padded, lengths = pad_prompts(prompts, config.prompt_len)
+        budget = jnp.full((b,), max_new_tokens, jnp.int32)
+        args = (self.graphdef, self.state, padded, lengths, budget, sampling, jax.random.PRNGKey(seed), config)
+        run, compile_s = compile_once(self._compiled, (b, config), _decode_jit, args)
         t0 = time.perf_counter()
-        key = (b, config)
-        if key not in self._compiled:
-            self._compiled[key] = _decode_jit.lower(*args).compile()
-        compile_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        tokens, counts, calls = self._compiled[key](*args[1:7])
+        tokens, counts, calls = run(*args[1:7])
         tokens, counts = np.asarray(tokens), np.asarray(counts)
         seconds = time.perf_counter() - t0
         return GenerationResult(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jspec.decode import GenerationResult, bucket, validate_prompts
+from jspec.decode import GenerationResult, bucket, compile_once, pad_prompts, validate_prompts
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.verify import verify_chain_batch
@@ -237,32 +237,15 @@ class SpeculativeDecoder:
         validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
         sampling = sampling or SamplingParams.greedy()
         b = len(prompts)
-        lengths = np.array([len(p) for p in prompts], np.int32)
-        config = SpecConfig(bucket(int(lengths.max())), bucket(max_new_tokens), self.eos_ids)
-        padded = np.zeros((b, config.prompt_len), np.int32)
-        for i, p in enumerate(prompts):
-            padded[i, : len(p)] = p
-        args = (
-            self.tgraph,
-            self.tweights,
-            self.drafter,
-            self.dweights,
-            jnp.asarray(padded),
-            jnp.asarray(lengths),
-            jnp.full((b,), max_new_tokens, jnp.int32),
-            sampling,
-            jax.random.PRNGKey(seed),
-            config,
-            self.verifier,
-        )
-        t0 = time.perf_counter()
-        key = (b, config)
-        if key not in self._compiled:
-            self._compiled[key] = _spec_jit.lower(*args).compile()
-        compile_s = time.perf_counter() - t0
+        config = SpecConfig(bucket(max(len(p) for p in prompts)), bucket(max_new_tokens), self.eos_ids)
+        padded, lengths = pad_prompts(prompts, config.prompt_len)
+        budget = jnp.full((b,), max_new_tokens, jnp.int32)
+        args = (self.tgraph, self.tweights, self.drafter, self.dweights, padded, lengths, budget, sampling)
+        args = (*args, jax.random.PRNGKey(seed), config, self.verifier)
+        run, compile_s = compile_once(self._compiled, (b, config), _spec_jit, args)
         dynamic = (args[1], *args[3:9])
         t0 = time.perf_counter()
-        final = jax.block_until_ready(self._compiled[key](*dynamic))
+        final = jax.block_until_ready(run(*dynamic))
         seconds = time.perf_counter() - t0
         out, counts = np.asarray(final.out), np.asarray(final.num_generated)
         verify, plain = int(final.verify_steps), int(final.plain_steps)

@@ -21,3 +21,18 @@ def smollm2():
     from jspec.models.hub import load_model
 
     return load_model("smollm2-135m")
+
+
+def transformers_reference(name: str):
+    """(torch, tokenizer, model): transformers' own PyTorch model on the same GGUF file, float32.
+
+    Skips the calling test when torch or transformers is not installed.
+    """
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from jspec.models.hub import ensure_gguf
+
+    path = ensure_gguf(name)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return torch, tok, model.eval()

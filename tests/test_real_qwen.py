@@ -3,9 +3,10 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import transformers_reference
 
 from jspec.decode import Decoder
-from jspec.models.hub import ensure_gguf, load_model
+from jspec.models.hub import load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
@@ -24,12 +25,7 @@ def qwen():
 
 @pytest.fixture(scope="module")
 def reference():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    path = ensure_gguf("qwen2.5-coder-0.5b")
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return torch, tok, model.eval()
+    return transformers_reference("qwen2.5-coder-0.5b")
 
 
 def test_config(qwen):

@@ -6,6 +6,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import transformers_reference
 
 from jspec.decode import Decoder
 from jspec.models.hub import ensure_gguf, load_model, verify_file
@@ -106,12 +107,7 @@ def test_tokenizer_that_does_not_fit_the_weights(tmp_path, smollm2):
 
 @pytest.fixture(scope="module")
 def reference():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    path = ensure_gguf("smollm2-135m")
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return torch, tok, model.eval()
+    return transformers_reference("smollm2-135m")
 
 
 @pytest.mark.torch
