@@ -183,6 +183,74 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from jspec.models.hub import load_model
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - {"ar", "ngram", "draft"})
+    if unknown or not methods:
+        raise ValueError(f"unknown method(s) {unknown or methods}; choose from ar, ngram, draft.")
+    if "draft" in methods and not args.draft_model:
+        raise ValueError("method draft needs --draft-model NAME.")
+    sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
+    prompts = load_prompts(args.prompts, args.category, args.limit)
+    model, tokenizer = load_model(args.model)
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    results = {}
+    for method in methods:
+        args.method = method
+        decoder = _decoder(args, model, tokenizer)
+        totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
+        emitted = rows = 0
+        hist = None
+        for i, prompt in enumerate(ids):
+            r = decoder.generate([prompt], args.max_new_tokens, sampling, seed=args.seed + i)
+            for key in totals:
+                totals[key] += getattr(r, key)
+            if method != "ar":
+                emitted += r.emitted_in_verify
+                rows += r.live_row_steps
+                hist = r.accept_hist if hist is None else [a + b for a, b in zip(hist, r.accept_hist, strict=True)]
+        entry = totals | {"tokens_per_s": totals["new_tokens"] / totals["seconds"]}
+        if method != "ar":
+            from jspec.engine import SpecResult
+
+            summary = SpecResult([], 0, 0, 0, args.num_draft, accept_hist=hist)
+            entry |= {
+                "tau": emitted / rows if rows else 0.0,
+                "acceptance_by_position": summary.acceptance_by_position(),
+            }
+        else:
+            entry["tau"] = 1.0
+        results[method] = entry
+        print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
+    if "ar" in results:
+        for entry in results.values():
+            entry["speedup"] = entry["tokens_per_s"] / results["ar"]["tokens_per_s"]
+    out = {
+        "model": args.model,
+        "prompts": args.prompts,
+        "category": args.category,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "num_draft": args.num_draft,
+        "draft_model": args.draft_model,
+        "methods": results,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, N = {args.num_draft}")
+        print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
+        for name, e in results.items():
+            sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
+            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -261,6 +329,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_json(p)
     p.set_defaults(fn=_cmd_generate)
+
+    p = sub.add_parser("bench", help="methods side by side on a prompt set (compilation timed apart)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--methods", default="ar,ngram", help="comma-separated: ar, ngram, draft")
+    p.add_argument(
+        "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
+    )
+    p.add_argument("--category", default=None, help="only prompts of this category")
+    p.add_argument("--limit", type=_positive_int, default=8, help="the first K prompts")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-draft", type=_positive_int, default=4)
+    p.add_argument("--draft-model", default=None)
+    _add_json(p)
+    p.set_defaults(fn=_cmd_bench)
     return parser
 
 
@@ -277,7 +363,7 @@ def _enable_compilation_cache() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("generate",):
+    if args.command in ("generate", "bench"):
         _enable_compilation_cache()
     try:
         return args.fn(args)

@@ -105,3 +105,19 @@ def test_generate_ngram_reports_speculation_stats(capsys, smollm2):
     assert len(out["stats"]["acceptance_by_position"]) == 3
     assert main(["generate", "--method", "draft", "--prompt", "x"]) == 2
     assert "--draft-model" in capsys.readouterr().err
+
+
+def test_bench_json(capsys, smollm2, tmp_path):
+    path = tmp_path / "question.jsonl"
+    turns = ["Repeat exactly: one two three one two three one two three", "Say hello."]
+    path.write_text(
+        "\n".join(json.dumps({"question_id": i, "category": "t", "turns": [t]}) for i, t in enumerate(turns))
+    )
+    argv = ["bench", "--methods", "ar,ngram", "--prompts", str(path), "--limit", "2", "--max-new-tokens", "12"]
+    code, out = _json(capsys, [*argv, "--json"])
+    assert code == 0 and out["num_prompts"] == 2
+    assert set(out["methods"]) == {"ar", "ngram"}
+    for entry in out["methods"].values():
+        assert {"tau", "tokens_per_s", "speedup"} <= entry.keys()
+    assert out["methods"]["ar"]["speedup"] == 1.0
+    assert main(["bench", "--methods", "ar,eagle9", "--prompts", str(path)]) == 2

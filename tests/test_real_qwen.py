@@ -64,3 +64,18 @@ def test_chat_template_and_greedy_generation_match(qwen, reference):
     got = Decoder(model, tok.eos_token_ids).generate([ids], 20).tokens[0]
     n = min(len(got), len(want))
     assert got[:n] == want[:n] and n >= 8
+
+
+def test_draft_model_greedy_equals_plain_greedy_on_the_qwen_pair():
+    """Qwen2.5-Coder-0.5B drafting for 1.5B: speculative greedy output is plain greedy output."""
+    from jspec.drafters import DraftModel
+    from jspec.engine import SpeculativeDecoder
+
+    target, tok = load_model("qwen2.5-coder-1.5b")
+    draft, _ = load_model("qwen2.5-coder-0.5b")
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a Python function is_prime(n)."}]))
+    plain = Decoder(target, tok.eos_token_ids).generate([ids], 24).tokens
+    drafter, weights = DraftModel.from_model(draft, 4, target.config.vocab_size)
+    result = SpeculativeDecoder(target, drafter, weights, tok.eos_token_ids).generate([ids], 24)
+    assert result.tokens == plain
+    assert result.tau > 1.5
