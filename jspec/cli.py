@@ -135,16 +135,16 @@ def _cmd_fetch(args) -> int:
     return 0
 
 
-def _decoder(args, model, tokenizer):
-    """The decoder for --method: plain, prompt lookup or a draft model."""
+def _decoder(method, args, model, tokenizer):
+    """The decoder for a method: plain, prompt lookup or a draft model."""
     from jspec.decode import Decoder
     from jspec.drafters import DraftModel, PromptLookup
     from jspec.engine import SpeculativeDecoder
     from jspec.models.hub import load_model
 
-    if args.method == "ar":
+    if method == "ar":
         return Decoder(model, tokenizer.eos_token_ids)
-    if args.method == "ngram":
+    if method == "ngram":
         drafter, weights = PromptLookup(args.num_draft, model.config.vocab_size), ()
     else:
         draft, _ = load_model(args.draft_model)
@@ -166,7 +166,7 @@ def _cmd_generate(args) -> int:
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
-    decoder = _decoder(args, model, tokenizer)
+    decoder = _decoder(args.method, args, model, tokenizer)
     result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed)
     new = result.tokens[0]
     completion = tokenizer.decode(new)
@@ -200,8 +200,7 @@ def _cmd_bench(args) -> int:
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     results = {}
     for method in methods:
-        args.method = method
-        decoder = _decoder(args, model, tokenizer)
+        decoder = _decoder(method, args, model, tokenizer)
         totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
         emitted = rows = 0
         hist = None
@@ -215,13 +214,9 @@ def _cmd_bench(args) -> int:
                 hist = r.accept_hist if hist is None else [a + b for a, b in zip(hist, r.accept_hist, strict=True)]
         entry = totals | {"tokens_per_s": totals["new_tokens"] / totals["seconds"]}
         if method != "ar":
-            from jspec.engine import SpecResult
+            from jspec.engine import acceptance_by_position
 
-            summary = SpecResult([], 0, 0, 0, args.num_draft, accept_hist=hist)
-            entry |= {
-                "tau": emitted / rows if rows else 0.0,
-                "acceptance_by_position": summary.acceptance_by_position(),
-            }
+            entry |= {"tau": emitted / rows if rows else 0.0, "acceptance_by_position": acceptance_by_position(hist)}
         else:
             entry["tau"] = 1.0
         results[method] = entry

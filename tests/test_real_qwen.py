@@ -1,16 +1,13 @@
 """Qwen2.5-Coder-0.5B-Instruct against transformers: a slow test (a 491 MB download, 2.5 GB in float32)."""
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from conftest import transformers_reference
+from conftest import assert_greedy_matches, assert_logits_match, transformers_reference
 
 from jspec.decode import Decoder
 from jspec.models.hub import load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
-PARITY_RTOL = 1e-4  # as for SmolLM2: max |jspec - torch| / max |torch|
 TEXTS = [
     "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs",
     "The quick brown fox jumps over the lazy dog. 1234567890",
@@ -39,31 +36,16 @@ def test_config(qwen):
 
 
 def test_logits_and_tokens_match_transformers(qwen, reference):
-    torch, ref_tok, ref_model = reference
-    model, tok = qwen
-    for text in TEXTS:
-        ids = tok.encode(text)
-        assert ids == ref_tok(text)["input_ids"]
-        with torch.no_grad():
-            want = ref_model(torch.tensor([ids])).logits[0].numpy()
-        cache = model.init_cache(1, len(ids))
-        got = np.asarray(model(jnp.array([ids]), jnp.arange(len(ids))[None], cache).logits[0])
-        assert np.abs(got - want).max() / np.abs(want).max() < PARITY_RTOL
+    assert_logits_match(*qwen, reference, TEXTS)
 
 
 def test_chat_template_and_greedy_generation_match(qwen, reference):
-    torch, ref_tok, ref_model = reference
+    _, ref_tok, _ = reference
     model, tok = qwen
     messages = [{"role": "user", "content": "Write a Python one-liner that sums a list."}]
     text = tok.apply_chat_template(messages)
     assert text == ref_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tok.encode(text)
-    with torch.no_grad():
-        out = ref_model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
-    want = out[0, len(ids) :].tolist()
-    got = Decoder(model, tok.eos_token_ids).generate([ids], 20).tokens[0]
-    n = min(len(got), len(want))
-    assert got[:n] == want[:n] and n >= 8
+    assert_greedy_matches(model, tok, reference, tok.encode(text), 20)
 
 
 def test_draft_model_greedy_equals_plain_greedy_on_the_qwen_pair():

@@ -6,14 +6,13 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import transformers_reference
+from conftest import PARITY_RTOL, assert_greedy_matches, assert_logits_match, transformers_reference
 
 from jspec.decode import Decoder
 from jspec.models.hub import ensure_gguf, load_model, verify_file
 from jspec.models.loading import load_folder
 from jspec.models.registry import get_source
 
-PARITY_RTOL = 1e-4  # max |jspec - torch| / max |torch| over all logits; set once
 TEXTS = [
     "The capital of France is",
     "def fibonacci(n):\n    if n < 2:\n        return n",
@@ -112,16 +111,7 @@ def reference():
 
 @pytest.mark.torch
 def test_logits_match_transformers(smollm2, reference):
-    torch, ref_tok, ref_model = reference
-    model, tok = smollm2
-    for text in TEXTS:
-        ids = tok.encode(text)
-        assert ids == ref_tok(text)["input_ids"]
-        with torch.no_grad():
-            want = ref_model(torch.tensor([ids])).logits[0].numpy()
-        got = np.asarray(model(jnp.array([ids]), jnp.arange(len(ids))[None], model.init_cache(1, len(ids))).logits[0])
-        assert np.abs(got - want).max() / np.abs(want).max() < PARITY_RTOL
-        assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert_logits_match(*smollm2, reference, TEXTS)
 
 
 @pytest.mark.torch
@@ -136,15 +126,9 @@ def test_chat_template_matches_transformers(smollm2, reference):
 
 @pytest.mark.torch
 def test_greedy_generation_matches_transformers(smollm2, reference):
-    torch, _, ref_model = reference
     model, tok = smollm2
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rivers."}]))
-    with torch.no_grad():
-        out = ref_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
-    want = out[0, len(ids) :].tolist()
-    got = Decoder(model, tok.eos_token_ids).generate([ids], 24).tokens[0]
-    n = min(len(got), len(want))
-    assert got[:n] == want[:n] and n >= 8
+    assert_greedy_matches(model, tok, reference, ids, 24)
 
 
 @pytest.mark.torch
