@@ -198,19 +198,19 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest:
 # ---------------------------------------------------------------------- HF folders
 
 
-_HF_LAYER_NAMES = {
-    "attn_norm": ("input_layernorm.weight", False),
-    "wq": ("self_attn.q_proj.weight", True),
-    "wk": ("self_attn.k_proj.weight", True),
-    "wv": ("self_attn.v_proj.weight", True),
-    "wo": ("self_attn.o_proj.weight", True),
-    "bq": ("self_attn.q_proj.bias", False),
-    "bk": ("self_attn.k_proj.bias", False),
-    "bv": ("self_attn.v_proj.bias", False),
-    "mlp_norm": ("post_attention_layernorm.weight", False),
-    "w_gate": ("mlp.gate_proj.weight", True),
-    "w_up": ("mlp.up_proj.weight", True),
-    "w_down": ("mlp.down_proj.weight", True),
+_HF_LAYER_NAMES = {  # jspec's names, same [out, in] layout as the checkpoint's
+    "attn_norm": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight",
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "w_gate": "mlp.gate_proj.weight",
+    "w_up": "mlp.up_proj.weight",
+    "w_down": "mlp.down_proj.weight",
 }
 
 
@@ -279,9 +279,7 @@ def hf_lookup(tensors) -> Callable[[str, int | None], np.ndarray]:
                 key = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
                 return tensors[key]
             raise ValueError(f"unknown parameter {name!r}.")
-        hf_name, transpose = _HF_LAYER_NAMES[name]
-        w = tensors[f"model.layers.{layer}.{hf_name}"]
-        return w.T if transpose else w
+        return tensors[f"model.layers.{layer}.{_HF_LAYER_NAMES[name]}"]
 
     return lookup
 
@@ -349,7 +347,7 @@ def build_model(config: ModelConfig, weights, *, layer_loop: str | None = None, 
 
     def layer_value(name, layer):
         if name in FUSED:
-            return np.concatenate([lookup(part, layer) for part in FUSED[name]], axis=-1)
+            return np.concatenate([lookup(part, layer) for part in FUSED[name]], axis=0)
         return lookup(name, layer)
 
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=layer_loop))

@@ -52,9 +52,9 @@ def _random_params(config, seed=0):
     qd, kvd = c.num_heads * D, c.num_kv_heads * D
     shapes = {
         "embed": (c.vocab_size, H), "final_norm": (H,), "lm_head": (c.vocab_size, H),
-        "attn_norm": (L, H), "wq": (L, H, qd), "wk": (L, H, kvd), "wv": (L, H, kvd), "wo": (L, qd, H),
+        "attn_norm": (L, H), "wq": (L, qd, H), "wk": (L, kvd, H), "wv": (L, kvd, H), "wo": (L, H, qd),
         "bq": (L, qd), "bk": (L, kvd), "bv": (L, kvd), "mlp_norm": (L, H),
-        "w_gate": (L, H, F), "w_up": (L, H, F), "w_down": (L, F, H),
+        "w_gate": (L, F, H), "w_up": (L, F, H), "w_down": (L, H, F),
     }  # fmt: skip
     return {k: (0.1 * rng.standard_normal(v)).astype(np.float32) for k, v in shapes.items()}
 

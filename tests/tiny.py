@@ -41,8 +41,8 @@ def peaked_model(family="qwen2", seed=0, scale=0.4, layer_loop="unrolled", **kw)
     qd, kvd = c.num_heads * D, c.num_kv_heads * D
     shapes = {
         "embed": (c.vocab_size, H), "lm_head": (c.vocab_size, H),
-        "wq": (L, H, qd), "wk": (L, H, kvd), "wv": (L, H, kvd), "wo": (L, qd, H),
-        "bq": (L, qd), "bk": (L, kvd), "bv": (L, kvd), "w_gate": (L, H, F), "w_up": (L, H, F), "w_down": (L, F, H),
+        "wq": (L, qd, H), "wk": (L, kvd, H), "wv": (L, kvd, H), "wo": (L, H, qd),
+        "bq": (L, qd), "bk": (L, kvd), "bv": (L, kvd), "w_gate": (L, F, H), "w_up": (L, F, H), "w_down": (L, H, F),
     }  # fmt: skip
     params = {k: (scale * rng.standard_normal(v)).astype(np.float32) for k, v in shapes.items()}
     params |= {"attn_norm": np.ones((L, H), np.float32), "mlp_norm": np.ones((L, H), np.float32)}
