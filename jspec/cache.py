@@ -62,12 +62,3 @@ class KVCache:
         slots = jnp.arange(self.capacity)[None, None, :]
         limit = self.lengths[:, None, None] + jnp.arange(num_new)[None, :, None]
         return slots <= limit
-
-
-def write_layer(cache_k: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
-    """Writes new entries [B, T, KVH, D] into one layer [B, S, KVH, D] at each row's length."""
-
-    def one(row_cache, row_new, start):
-        return jax.lax.dynamic_update_slice(row_cache, row_new.astype(row_cache.dtype), (start, 0, 0))
-
-    return jax.vmap(one)(cache_k, new, lengths)

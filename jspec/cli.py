@@ -184,6 +184,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    from jspec.bench import run_prompts
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
@@ -201,24 +202,7 @@ def _cmd_bench(args) -> int:
     results = {}
     for method in methods:
         decoder = _decoder(method, args, model, tokenizer)
-        totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
-        emitted = rows = 0
-        hist = None
-        for i, prompt in enumerate(ids):
-            r = decoder.generate([prompt], args.max_new_tokens, sampling, seed=args.seed + i)
-            for key in totals:
-                totals[key] += getattr(r, key)
-            if method != "ar":
-                emitted += r.emitted_in_verify
-                rows += r.live_row_steps
-                hist = r.accept_hist if hist is None else [a + b for a, b in zip(hist, r.accept_hist, strict=True)]
-        entry = totals | {"tokens_per_s": totals["new_tokens"] / totals["seconds"]}
-        if method != "ar":
-            from jspec.engine import acceptance_by_position
-
-            entry |= {"tau": emitted / rows if rows else 0.0, "acceptance_by_position": acceptance_by_position(hist)}
-        else:
-            entry["tau"] = 1.0
+        entry = run_prompts(decoder, ids, args.max_new_tokens, sampling, seed=args.seed)
         results[method] = entry
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
     if "ar" in results:

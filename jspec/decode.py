@@ -25,7 +25,7 @@ from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, sample_logits
 
-__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket", "validate_prompts"]
+__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket", "jit_forward", "validate_prompts"]
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -137,6 +137,24 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
 
 
 _decode_jit = jax.jit(_decode, static_argnums=(0, 7))
+
+
+def jit_forward(model: nnx.Module):
+    """The model split once and its forward jitted with the KV cache donated: ``(state, forward)``.
+
+    ``forward(state, tokens, positions, cache)`` returns ``(logits, new_cache)``.
+    The cache passed in is consumed (XLA writes the new one into its buffers),
+    so keep only the returned one. This is for stepping a model from Python
+    (notebooks, cost measurements); the generation loops keep their caches
+    inside one jitted loop, where XLA updates them in place anyway.
+    """
+    graphdef, state = nnx.split(model)
+
+    def forward(state, tokens, positions, cache):
+        out = nnx.merge(graphdef, state)(tokens, positions, cache)
+        return out.logits, out.cache
+
+    return state, jax.jit(forward, donate_argnames="cache")
 
 
 def pad_prompts(prompts, prompt_len: int) -> tuple[jax.Array, jax.Array]:

@@ -161,14 +161,24 @@ class DraftModel:
         b = ctx.history.shape[0]
         last = ctx.last
         cache = state.cache
-        # Catch up: feed [pending, last] (pending only where a token is missing), read logits at last.
+        # Catch up: feed [pending, last] where a row has a token the model has not seen
+        # (all drafts were accepted last step), else only last; a two-token forward
+        # costs more than a one-token one, so it runs only when some row needs it.
         has_pending = state.pending >= 0
-        first = jnp.stack([jnp.where(has_pending, state.pending, last), last], axis=1)
-        positions = cache.lengths[:, None] + jnp.arange(2)[None, :]
-        n_new = 1 + has_pending.astype(jnp.int32)
-        out = model(first, positions, cache, num_new=n_new, logit_index=n_new - 1)
-        cache = out.cache
-        probs0 = probs_from_logits(out.logits[:, 0], sampling)
+
+        def catch_up(cache):
+            first = jnp.stack([jnp.where(has_pending, state.pending, last), last], axis=1)
+            positions = cache.lengths[:, None] + jnp.arange(2)[None, :]
+            n_new = 1 + has_pending.astype(jnp.int32)
+            out = model(first, positions, cache, num_new=n_new, logit_index=n_new - 1)
+            return out.logits[:, 0], out.cache
+
+        def one_token(cache):
+            out = model(last[:, None], cache.lengths[:, None], cache)
+            return out.logits[:, 0], out.cache
+
+        logits0, cache = jax.lax.cond(jnp.any(has_pending), catch_up, one_token, cache)
+        probs0 = probs_from_logits(logits0, sampling)
         tok0 = sample(jax.random.fold_in(key, 0), probs0)
 
         def step(carry, i):

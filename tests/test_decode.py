@@ -7,7 +7,7 @@ import pytest
 from stats_util import LEVEL, gof_p_value
 from tiny import tiny_model
 
-from jspec.decode import Decoder, bucket
+from jspec.decode import Decoder, bucket, jit_forward
 from jspec.sampling import SamplingParams
 
 
@@ -90,3 +90,17 @@ def test_bad_input(model):
         decoder.generate([[1, 200]], 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
         decoder.generate([[1]], 0)
+
+
+def test_jit_forward_donates_the_cache_and_matches_the_model():
+    model = tiny_model("llama")
+    state, forward = jit_forward(model)
+    cache = model.init_cache(1, 16)
+    tokens = jnp.array([[3, 5, 7]], jnp.int32)
+    positions = jnp.arange(3, dtype=jnp.int32)[None, :]
+    expected = model(tokens, positions, model.init_cache(1, 16)).logits
+    logits, new_cache = forward(state, tokens, positions, cache)
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    assert int(new_cache.lengths[0]) == 3
+    assert cache.k.is_deleted() and cache.v.is_deleted()  # donated: XLA reused the buffers
+    assert not new_cache.k.is_deleted()

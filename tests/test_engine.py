@@ -1,5 +1,6 @@
 """The speculative engine on tiny random models: greedy equals plain decoding, batching, caches, statistics."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from tiny import peaked_model, tiny_model
 from jspec.decode import Decoder
 from jspec.drafters import Context, DraftModel, PromptLookup
 from jspec.engine import SpeculativeDecoder
+from jspec.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +153,27 @@ def test_sampled_output_has_the_target_distribution_with_negative_control():
 
     assert p_value(verify_chain) > LEVEL
     assert p_value(verify_chain_without_residual) < LEVEL
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 3])
+def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accepted):
+    """After any number accepted (the one-token and the catch-up paths), the next drafts are what
+    the draft model alone would generate from the committed text: its cache was rolled back right."""
+    draft = tiny_model("qwen2", seed=1, num_layers=1)
+    drafter, weights = DraftModel.from_model(draft, 3, 97)
+    greedy = SamplingParams.greedy()
+    prompt = [11, 12, 13, 14, 15]
+    capacity = 32
+    history = jnp.zeros((1, capacity), jnp.int32).at[0, :6].set(jnp.array([*prompt, 40]))
+    ctx = Context(history, jnp.array([6]), jnp.array([5]))  # 40: the target's first sample, pending
+    state = drafter.init(weights, jnp.array([prompt]), jnp.array([5]), capacity, greedy)
+    proposal, state = drafter.propose(weights, state, ctx, jax.random.PRNGKey(0), greedy)
+    drafts = proposal.tokens[0].tolist()
+    assert drafts == Decoder(draft).generate([[*prompt, 40]], 3).tokens[0]
+    # The target accepts `accepted` drafts and emits 50 (a correction, or the bonus when all pass).
+    text = [*prompt, 40, *drafts[:accepted], 50]
+    history = jnp.zeros((1, capacity), jnp.int32).at[0, : len(text)].set(jnp.array(text))
+    ctx = Context(history, jnp.array([len(text)]), jnp.array([len(text) - 1]))
+    state = drafter.commit(weights, state, ctx, jnp.array([accepted]))
+    proposal, _ = drafter.propose(weights, state, ctx, jax.random.PRNGKey(1), greedy)
+    assert proposal.tokens[0].tolist() == Decoder(draft).generate([text], 3).tokens[0]

@@ -22,3 +22,12 @@ def test_speedup_table_tiny(tmp_path, capsys):
     for run in result["simulation"]:
         assert abs(run["measured_tokens"] - run["expected_tokens"]) < 5 * run["measured_tokens_stderr"] + 1e-9
     assert "Sweep at alpha = 0.9" in capsys.readouterr().out
+
+
+def test_bench_spec_tiny(tmp_path, smollm2):
+    report = _load("bench_spec").main(["--tiny", "--out", str(tmp_path)])
+    results = report["setups"]["smollm2-ngram"]["jspec"]["results"]
+    spec = results["humaneval|T=0.0|N=2"]
+    assert spec["new_tokens"] == results["humaneval|T=0.0|ar"]["new_tokens"] == 8
+    assert spec["predicted_speedup"] > 0 and spec["tau"] >= 1.0
+    assert (tmp_path / "bench_spec.json").exists()

@@ -1,0 +1,26 @@
+"""Aggregating runs over prompts, and the wall time the measured costs predict."""
+
+import pytest
+from tiny import tiny_model
+
+from jspec.bench import predicted_seconds, run_prompts
+from jspec.decode import Decoder
+from jspec.drafters import PromptLookup
+from jspec.engine import SpeculativeDecoder
+
+
+def test_predicted_seconds_adds_up_the_steps():
+    entry = {"verify_steps": 10, "plain_steps": 5, "acceptance_by_position": [0.5, 0.5]}  # N = 2
+    seconds = predicted_seconds(entry, 0.1, 1.0, {3: 1.5}, draft_units=0.2, plain_units=0.1, prefill_units=0.5)
+    assert seconds == pytest.approx(1.0 * 1.5 + 0.1 * (10 * (1.5 + 0.2) + 5 * (1 + 0.1)))
+
+
+def test_run_prompts_sums_runs_and_reports_speculation():
+    model = tiny_model("llama")
+    prompts = [[3, 4, 5, 3, 4], [7, 8, 9]]
+    plain = run_prompts(Decoder(model), prompts, 6, None)
+    assert plain["new_tokens"] == 12 and plain["tau"] == 1.0 and plain["target_calls"] == 2 * 6
+    spec = run_prompts(SpeculativeDecoder(model, PromptLookup(3, model.config.vocab_size)), prompts, 6, None)
+    assert spec["new_tokens"] == 12 and len(spec["acceptance_by_position"]) == 3
+    assert spec["target_calls"] == 2 + spec["verify_steps"] + spec["plain_steps"]
+    assert 1.0 <= spec["tau"] <= 4.0
