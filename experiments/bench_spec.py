@@ -91,7 +91,7 @@ def worker_jspec(setup: dict, args) -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from forward_cost import forward_cost
 
-    from jspec.bench import predicted_seconds, run_prompts
+    from jspec.bench import predicted_seconds, run_interleaved, run_prompts
     from jspec.cli import _enable_compilation_cache
     from jspec.decode import Decoder
     from jspec.drafters import DraftModel, PromptLookup
@@ -134,30 +134,28 @@ def worker_jspec(setup: dict, args) -> dict:
         return c * (costs["draft_r2"] + n - 1), 0.0, c
 
     ids = _prompt_ids(tokenizer, args.prompts.split(","), args.limit)
-    temps = _floats(args.temperatures)
     eos = tokenizer.eos_token_ids
     plain = Decoder(target, eos)
+    decoders = {"ar": plain}
+    for n in grid:
+        drafter, weights = drafter_for(n)
+        decoders[f"N={n}"] = SpeculativeDecoder(target, drafter, weights, eos)
     results: dict = {}
-    base: dict = {}
     for name, prompt_ids in ids.items():
-        # Prefill alone: a one-token generation per prompt (compiled first).
+        # Prefill alone: a one-token generation per prompt.
         prefill = run_prompts(plain, prompt_ids, 1, SamplingParams.greedy())
-        for t in temps:
+        for t in _floats(args.temperatures):
             sampling = SamplingParams.create(t)
-            ar = run_prompts(plain, prompt_ids, args.max_new_tokens, sampling, seed=args.seed)
+            # Plain and every N take turns prompt by prompt: drift in the machine's speed hits all alike.
+            runs = run_interleaved(decoders, prompt_ids, args.max_new_tokens, sampling, seed=args.seed)
+            ar = runs.pop("ar")
             steps = ar["target_calls"] - len(prompt_ids)
             ar["step_ms"] = 1000 * (ar["seconds"] - prefill["seconds"]) / max(steps, 1)
             ar["prefill_seconds"] = prefill["seconds"]
-            base[(name, t)] = ar
             results[f"{name}|T={t}|ar"] = ar
             print(f"  {name} T={t} ar: {ar['tokens_per_s']:.2f} tokens/s, step {ar['step_ms']:.1f} ms", file=sys.stderr)
-    for n in grid:
-        drafter, weights = drafter_for(n)
-        spec = SpeculativeDecoder(target, drafter, weights, eos)
-        for name, prompt_ids in ids.items():
-            for t in temps:
-                ar = base[(name, t)]
-                e = run_prompts(spec, prompt_ids, args.max_new_tokens, SamplingParams.create(t), seed=args.seed)
+            for key, e in runs.items():
+                n = int(key[2:])
                 du, pu, fu = units(n)
                 pred = predicted_seconds(e, ar["step_ms"] / 1000, ar["prefill_seconds"], relative, du, pu, fu)
                 e["num_draft"] = n
@@ -195,7 +193,8 @@ def worker_hf(setup: dict, args) -> dict:
     eos = list(tokenizer.eos_token_ids)
     out = {"engine": "transformers", "version": transformers.__version__, "torch": torch.__version__}
 
-    def run(prompt_ids, t, n):
+    def run(p, seed, t, n):
+        """(new tokens, seconds) of one prompt; n = 0 is plain decoding."""
         kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=t > 0, eos_token_id=eos, pad_token_id=eos[0])
         if t > 0:
             kwargs |= dict(temperature=t, top_k=0, top_p=1.0)
@@ -206,28 +205,31 @@ def worker_hf(setup: dict, args) -> dict:
             kwargs["assistant_model"] = assistant
         elif n:
             kwargs["prompt_lookup_num_tokens"] = n
-        new = seconds = 0
-        for i, p in enumerate(prompt_ids):
-            torch.manual_seed(args.seed + i)
-            x = torch.tensor([p])
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                gen = target.generate(x, attention_mask=torch.ones_like(x), **kwargs)
-                seconds += time.perf_counter() - t0
-            new += gen.shape[1] - x.shape[1]
-        return {"new_tokens": int(new), "seconds": seconds, "tokens_per_s": new / seconds}
+        torch.manual_seed(seed)
+        x = torch.tensor([p])
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            gen = target.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+            seconds = time.perf_counter() - t0
+        return gen.shape[1] - x.shape[1], seconds
 
-    first = next(iter(ids.values()))[:1]
-    run(first, 0.0, 0)  # warm-up
+    grid = [0, *_ints(args.hf_num_draft)]
+    run(next(iter(ids.values()))[0], 0, 0.0, 0)  # warm-up
     results = {}
     for name, prompt_ids in ids.items():
         for t in _floats(args.hf_temperatures or args.temperatures):
-            ar = run(prompt_ids, t, 0)
+            sums = {n: [0, 0.0] for n in grid}
+            for i, p in enumerate(prompt_ids):  # plain and every N take turns, as in the jspec worker
+                for n in grid:
+                    new, seconds = run(p, args.seed + i, t, n)
+                    sums[n][0] += new
+                    sums[n][1] += seconds
+            ar = {"new_tokens": sums[0][0], "seconds": sums[0][1], "tokens_per_s": sums[0][0] / sums[0][1]}
             results[f"{name}|T={t}|ar"] = ar
             print(f"  transformers {name} T={t} ar: {ar['tokens_per_s']:.2f} tokens/s", file=sys.stderr)
-            for n in _ints(args.hf_num_draft):
-                e = run(prompt_ids, t, n) | {"num_draft": n}
-                e["speedup"] = e["tokens_per_s"] / ar["tokens_per_s"]
+            for n in grid[1:]:
+                e = {"new_tokens": sums[n][0], "seconds": sums[n][1], "tokens_per_s": sums[n][0] / sums[n][1]}
+                e |= {"num_draft": n, "speedup": e["tokens_per_s"] / ar["tokens_per_s"]}
                 results[f"{name}|T={t}|N={n}"] = e
                 print(f"  transformers {name} T={t} N={n}: speedup {e['speedup']:.2f}", file=sys.stderr)
     out["results"] = results

@@ -1,8 +1,9 @@
 """Running a decoder over a prompt set, and what the measured costs predict.
 
 Shared by ``jspec bench`` and the benchmark scripts in ``experiments/``: one
-function aggregates a method's runs over prompts (compilation timed apart),
-one predicts a speculative run's wall time from the costs measured alone.
+function runs decoders over prompts taking turns and sums what they measured
+(compilation apart), one predicts a speculative run's wall time from the
+costs measured alone.
 """
 
 from __future__ import annotations
@@ -14,47 +15,78 @@ import numpy as np
 from jspec.decode import bucket
 from jspec.engine import acceptance_by_position
 
-__all__ = ["predicted_seconds", "run_prompts"]
+__all__ = ["predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
 
 
-def run_prompts(
-    decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0, warmup: bool = True
-) -> dict:
-    """Generates for each prompt alone (batch 1) and sums what the runs measured.
+class _Totals:
+    """What runs of one decoder measured, summed."""
+
+    def __init__(self):
+        self.totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
+        self.spec = {"verify_steps": 0, "plain_steps": 0, "emitted_in_verify": 0, "live_row_steps": 0}
+        self.hist = None
+
+    def add(self, r) -> None:
+        for key in self.totals:
+            self.totals[key] += getattr(r, key)
+        if hasattr(r, "accept_hist"):
+            for key in self.spec:
+                self.spec[key] += getattr(r, key)
+            self.hist = np.asarray(r.accept_hist) + (0 if self.hist is None else self.hist)
+
+    def entry(self) -> dict:
+        t = self.totals
+        entry = t | {"tokens_per_s": t["new_tokens"] / t["seconds"] if t["seconds"] else 0.0}
+        if self.hist is None:
+            return entry | {"tau": 1.0}
+        s = self.spec
+        tau = s["emitted_in_verify"] / s["live_row_steps"] if s["live_row_steps"] else 0.0
+        return entry | s | {"tau": tau, "acceptance_by_position": acceptance_by_position(self.hist)}
+
+
+def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> float:
+    """Compiles and runs each length bucket's loop once, untimed; returns the compile seconds.
+
+    The first run of a freshly compiled loop is slower (0.3-0.5 s more for SmolLM2
+    here), so benchmarks run one first, with a budget in the same bucket.
+    """
+    budget = min(max_new_tokens, bucket(max_new_tokens) // 2 + 1)
+    seconds = 0.0
+    for _, prompt in sorted({bucket(len(p)): p for p in prompt_ids}.items()):
+        seconds += decoder.generate([list(prompt)], budget, sampling, seed=seed).compile_seconds
+    return seconds
+
+
+def run_interleaved(
+    decoders: Mapping[str, object], prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0
+) -> dict[str, dict]:
+    """Every decoder on every prompt alone (batch 1), taking turns prompt by prompt.
+
+    Taking turns spreads drift in the machine's speed (it is shared) over all
+    decoders alike, so their ratios stay meaningful. Each decoder is warmed up
+    first (:func:`warm_up`); compilation is reported apart, never timed.
 
     Args:
-      decoder: a :class:`jspec.decode.Decoder` or :class:`jspec.engine.SpeculativeDecoder`.
-      prompt_ids: token ids per prompt.
-      warmup: first run each compiled loop once, untimed.
+      decoders: name -> a :class:`jspec.decode.Decoder` or :class:`jspec.engine.SpeculativeDecoder`.
+      prompt_ids: token ids per prompt; prompt i is generated with seed ``seed + i``.
 
     Returns:
-      A dict with ``new_tokens``, ``seconds`` (the loops alone), ``compile_seconds``,
+      name -> a dict with ``new_tokens``, ``seconds`` (the loops alone), ``compile_seconds``,
       ``target_calls``, ``tokens_per_s``, ``tau`` (1.0 for plain decoding) and, for
       speculative decoders, ``verify_steps``, ``plain_steps`` and ``acceptance_by_position``.
     """
-    totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
-    spec = {"verify_steps": 0, "plain_steps": 0, "emitted_in_verify": 0, "live_row_steps": 0}
-    hist = None
-    if warmup:
-        # The first run of a freshly compiled loop is slower (0.3-0.5 s more for SmolLM2 here):
-        # run each length bucket once, untimed, with a budget in the same bucket.
-        warm_budget = min(max_new_tokens, bucket(max_new_tokens) // 2 + 1)
-        for _, prompt in sorted({bucket(len(p)): p for p in prompt_ids}.items()):
-            r = decoder.generate([list(prompt)], warm_budget, sampling, seed=seed)
-            totals["compile_seconds"] += r.compile_seconds
+    totals = {name: _Totals() for name in decoders}
+    for name, decoder in decoders.items():
+        totals[name].totals["compile_seconds"] += warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed)
     for i, prompt in enumerate(prompt_ids):
-        r = decoder.generate([list(prompt)], max_new_tokens, sampling, seed=seed + i)
-        for key in totals:
-            totals[key] += getattr(r, key)
-        if hasattr(r, "accept_hist"):
-            for key in spec:
-                spec[key] += getattr(r, key)
-            hist = np.asarray(r.accept_hist) if hist is None else hist + np.asarray(r.accept_hist)
-    entry = totals | {"tokens_per_s": totals["new_tokens"] / totals["seconds"] if totals["seconds"] else 0.0}
-    if hist is None:
-        return entry | {"tau": 1.0}
-    tau = spec["emitted_in_verify"] / spec["live_row_steps"] if spec["live_row_steps"] else 0.0
-    return entry | spec | {"tau": tau, "acceptance_by_position": acceptance_by_position(hist)}
+        for name, decoder in decoders.items():
+            totals[name].add(decoder.generate([list(prompt)], max_new_tokens, sampling, seed=seed + i))
+    return {name: t.entry() for name, t in totals.items()}
+
+
+def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> dict:
+    """One decoder over the prompts; see :func:`run_interleaved`."""
+    return run_interleaved({"_": decoder}, prompt_ids, max_new_tokens, sampling, seed)["_"]
 
 
 def predicted_seconds(

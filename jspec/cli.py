@@ -184,7 +184,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from jspec.bench import run_prompts
+    from jspec.bench import run_interleaved
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
@@ -199,11 +199,9 @@ def _cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts, args.category, args.limit)
     model, tokenizer = load_model(args.model)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    results = {}
-    for method in methods:
-        decoder = _decoder(method, args, model, tokenizer)
-        entry = run_prompts(decoder, ids, args.max_new_tokens, sampling, seed=args.seed)
-        results[method] = entry
+    decoders = {method: _decoder(method, args, model, tokenizer) for method in methods}
+    results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed)
+    for method, entry in results.items():
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
     if "ar" in results:
         for entry in results.values():
