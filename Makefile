@@ -21,6 +21,8 @@ demo: setup
 	$(BIN)/jspec fetch smollm2-135m
 	$(BIN)/jspec generate --model smollm2-135m --chat --max-new-tokens 96 \
 		--prompt "Explain in three sentences why speculative decoding can be exact."
+	$(BIN)/jspec bench --model smollm2-135m --methods ar,ngram --prompts humaneval --limit 2 \
+		--max-new-tokens 96 --num-draft 3
 
 test: setup
 	$(BIN)/ruff check .

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1")
+
 __all__ = ["main"]
 
 
@@ -136,7 +138,7 @@ def _cmd_fetch(args) -> int:
 
 
 def _decoder(method, args, model, tokenizer):
-    """The decoder for a method: plain, prompt lookup or a draft model."""
+    """The decoder for a method: plain, prompt lookup, a draft model or an EAGLE head."""
     from jspec.decode import Decoder
     from jspec.drafters import DraftModel, PromptLookup
     from jspec.engine import SpeculativeDecoder
@@ -146,6 +148,12 @@ def _decoder(method, args, model, tokenizer):
         return Decoder(model, tokenizer.eos_token_ids)
     if method == "ngram":
         drafter, weights = PromptLookup(args.num_draft, model.config.vocab_size), ()
+    elif method in ("eagle3", "eagle1"):
+        from jspec.eagle import EagleDrafter, load_head
+        from jspec.models.hub import shipped_head
+
+        head = load_head(args.head or shipped_head(args.model, method), model)
+        drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
     else:
         draft, _ = load_model(args.draft_model)
         drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size)
@@ -190,9 +198,9 @@ def _cmd_bench(args) -> int:
     from jspec.sampling import SamplingParams
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - {"ar", "ngram", "draft"})
+    unknown = sorted(set(methods) - set(METHODS))
     if unknown or not methods:
-        raise ValueError(f"unknown method(s) {unknown or methods}; choose from ar, ngram, draft.")
+        raise ValueError(f"unknown method(s) {unknown or methods}; choose from {', '.join(METHODS)}.")
     if "draft" in methods and not args.draft_model:
         raise ValueError("method draft needs --draft-model NAME.")
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
@@ -226,6 +234,65 @@ def _cmd_bench(args) -> int:
             sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
             print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}")
     return 0
+
+
+def _cmd_train(args) -> int:
+    import dataclasses
+
+    from jspec.models.hub import load_model
+    from jspec.train_eagle import Recipe, TrainConfig, train_head
+
+    if args.tiny:
+        recipe = Recipe.tiny(args.kind)
+    else:
+        train = TrainConfig(
+            num_steps=1 if args.kind == "eagle1" else args.ttt_steps, batch_size=args.batch_size,
+            total_steps=args.steps, warmup_steps=min(args.warmup, args.steps), learning_rate=args.lr,
+            checkpoint_every=args.checkpoint_every, seed=args.seed,
+        )  # fmt: skip
+        layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
+        recipe = Recipe(
+            args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
+            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
+        )  # fmt: skip
+    model, tokenizer = load_model(args.model)
+    head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
+                              progress=not args.json, until=args.stop_after)  # fmt: skip
+    evaluation = None
+    if report["steps"] >= recipe.train.total_steps and args.eval_prompts:
+        evaluation = _evaluate_head(head, model, tokenizer, args)
+    out = {"out": str(args.out), "recipe": dataclasses.asdict(recipe), "report": report, "evaluation": evaluation}
+    if args.json:
+        print(json.dumps(out, default=str))
+    else:
+        final = report["final"] or {}
+        print(f"head: {args.out} ({report['steps']} steps, {report['examples']} examples, "
+              f"{report['response_tokens']} response tokens)")  # fmt: skip
+        if final:
+            print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
+            print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
+        if evaluation:
+            print(
+                f"held-out {evaluation['prompts']} prompts, N = {evaluation['num_draft']}: tau {evaluation['tau']:.2f}"
+            )
+    return 0
+
+
+def _evaluate_head(head, model, tokenizer, args) -> dict:
+    """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
+    from jspec.bench import run_prompts
+    from jspec.eagle import EagleDrafter
+    from jspec.engine import SpeculativeDecoder
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+
+    prompts = load_prompts("mt-bench", None, args.eval_prompts)
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
+    decoder = SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
+    entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
+    return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
+            "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
 
 
 def _positive_int(text: str) -> int:
@@ -292,9 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         default="ar",
-        choices=["ar", "ngram", "draft"],
-        help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model)",
+        choices=METHODS,
+        help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
+        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR)",
     )
+    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     p.add_argument("--num-draft", type=_positive_int, default=4, help="N, tokens drafted per step")
     p.add_argument("--prompt", required=True)
@@ -309,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="methods side by side on a prompt set (compilation timed apart)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--methods", default="ar,ngram", help="comma-separated: ar, ngram, draft")
+    p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(METHODS)}")
+    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument(
         "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
     )
@@ -324,6 +394,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", default=None)
     _add_json(p)
     p.set_defaults(fn=_cmd_bench)
+
+    p = sub.add_parser("train", help="train a draft head (EAGLE-3 with training-time test, or EAGLE-1)")
+    p.add_argument("kind", choices=["eagle3", "eagle1"])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", required=True, help="folder for the head, its checkpoints and (by default) its data")
+    p.add_argument("--data", default=None, help="training data folder (made there once; default OUT/data)")
+    p.add_argument("--prompts", type=_positive_int, default=2000, help="training prompts (standard-library docs)")
+    p.add_argument("--seq-len", type=_positive_int, default=256)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=192, help="response length when regenerating")
+    p.add_argument("--gen-batch", type=_positive_int, default=16)
+    p.add_argument("--draft-vocab", type=_positive_int, default=8192, help="K most frequent target tokens")
+    p.add_argument("--feature-layers", default=None, help="e.g. 2,15,27 (default: 2, L/2, L-3)")
+    p.add_argument("--steps", type=_positive_int, default=1000)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--ttt-steps", type=_positive_int, default=7, help="training-time-test steps (1: none)")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=_positive_int, default=50)
+    p.add_argument("--checkpoint-every", type=_positive_int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--eval-prompts", type=int, default=4, help="held-out MT-bench prompts for tau at the end")
+    p.add_argument("--eval-tokens", type=_positive_int, default=64)
+    p.add_argument("--num-draft", type=_positive_int, default=5)
+    p.add_argument("--tiny", action="store_true", help="a minute-long run on tiny settings (tests, notebooks)")
+    _add_json(p)
+    p.set_defaults(fn=_cmd_train)
     return parser
 
 
@@ -340,7 +436,7 @@ def _enable_compilation_cache() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("generate", "bench"):
+    if args.command in ("generate", "bench", "train"):
         _enable_compilation_cache()
     try:
         return args.fn(args)

@@ -3,16 +3,22 @@
 A drafter is a frozen, hashable object (a static argument of the engine's
 jit) holding only static facts; its arrays (a draft model's weights and KV
 cache) travel in a pytree ``state`` that the engine threads through the loop
-without looking inside. Three methods:
+without looking inside. Two attributes and three methods:
 
-* ``init(weights, prompts, lengths, capacity, sampling) -> state``: prefill.
-* ``propose(weights, state, ctx, key, sampling) -> Proposal``: N draft
-  tokens per row with the distributions they were drawn from.
-* ``commit(weights, state, ctx, num_accepted) -> state``: keep what the
-  target accepted, forget the rest.
+* ``num_draft``: N; ``hidden_layers``: the target layers whose hidden states
+  the drafter reads (``()`` for most; EAGLE heads name theirs).
+* ``init(weights, prompts, ctx, capacity, sampling, hidden) -> state``: prefill.
+* ``propose(weights, state, ctx, key, sampling) -> (Proposal, state)``: N
+  draft tokens per row with the distributions they were drawn from.
+* ``commit(weights, state, ctx, num_accepted, hidden) -> state``: keep what
+  the target accepted, forget the rest.
 
 ``ctx`` is a :class:`Context` the engine fills: the token history per row
 (prompt and generated text, the pending token included) and its length.
+``hidden`` is the tuple of the target's hidden states [B, T, H] at the
+``hidden_layers``, from the forward the engine just ran (the prompt at
+``init``; the pending token and the N drafts, or the pending token alone,
+at ``commit``): the target hands them over, the drafter never calls it.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class PromptLookup:
     vocab_size: int
     max_ngram: int = 3
     min_ngram: int = 1
+    hidden_layers = ()
 
     def __post_init__(self):
         if self.num_draft < 1:
@@ -84,7 +91,7 @@ class PromptLookup:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {self.min_ngram}, {self.max_ngram}.")
 
-    def init(self, weights, prompts, lengths, capacity, sampling):
+    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
         return ()
 
     def propose(self, weights, state, ctx: Context, key, sampling: SamplingParams) -> Proposal:
@@ -110,7 +117,7 @@ class PromptLookup:
         draft = jnp.where(valid, history[jnp.clip(pos, 0, c - 1)], 0).astype(jnp.int32)
         return draft, best_end >= 0
 
-    def commit(self, weights, state, ctx, num_accepted):
+    def commit(self, weights, state, ctx, num_accepted, hidden):
         return state
 
 
@@ -132,6 +139,7 @@ class DraftModel:
     graphdef: nnx.GraphDef
     num_draft: int
     vocab_size: int
+    hidden_layers = ()
 
     @classmethod
     def from_model(cls, model: nnx.Module, num_draft: int, target_vocab_size: int):
@@ -147,8 +155,9 @@ class DraftModel:
         graphdef, weights = nnx.split(model)
         return cls(graphdef, num_draft, vocab), weights
 
-    def init(self, weights, prompts, lengths, capacity, sampling):
+    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
         model = nnx.merge(self.graphdef, weights)
+        lengths = ctx.cache_length
         b, p = prompts.shape
         cache = model.init_cache(b, capacity)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -194,7 +203,7 @@ class DraftModel:
         proposal = Proposal(tokens.astype(jnp.int32), probs, jnp.ones((b,), bool))
         return proposal, _DraftModelState(cache, state.pending)
 
-    def commit(self, weights, state: _DraftModelState, ctx: Context, num_accepted):
+    def commit(self, weights, state: _DraftModelState, ctx: Context, num_accepted, hidden):
         """``ctx`` is the context after the step: the accepted drafts and the new pending token appended.
 
         The draft cache holds the old pending token and drafts 1..N-1, so it

@@ -128,14 +128,15 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
     b, p = prompts.shape
     capacity = config.capacity(n)
 
+    hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
     cache = target.init_cache(b, capacity)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    out = target(prompts, positions, cache, num_new=lengths, logit_index=lengths - 1)
+    out = target(prompts, positions, cache, num_new=lengths, logit_index=lengths - 1, hidden_layers=hidden_layers)
     first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
     history = jnp.zeros((b, capacity), jnp.int32).at[:, :p].set(prompts)
     history = _append(history, lengths, first[:, None])
     ctx = Context(history, lengths + 1, lengths)
-    dstate = drafter.init(dweights, prompts, lengths, capacity, params)
+    dstate = drafter.init(dweights, prompts, ctx, capacity, params, out.hidden_states)
 
     init = _State(
         out=jnp.zeros((b, config.max_new + n + 1), jnp.int32),
@@ -158,7 +159,7 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
         last = ctx.last
         tokens = jnp.concatenate([last[:, None], proposal.tokens], axis=1)  # [B, N + 1]
         positions = ctx.cache_length[:, None] + jnp.arange(n + 1)[None, :]
-        out = target(tokens, positions, s.cache)
+        out = target(tokens, positions, s.cache, hidden_layers=hidden_layers)
         q = probs_from_logits(out.logits, params)
         verdict = verifier(proposal.tokens, proposal.probs, q, jax.random.split(step_key, b))
         live = ~s.done
@@ -171,7 +172,7 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
             ctx.length + emitted,
             ctx.cache_length + jnp.where(live, 1 + a, 0),
         )
-        dstate = drafter.commit(dweights, dstate, new_ctx, a)
+        dstate = drafter.commit(dweights, dstate, new_ctx, a, out.hidden_states)
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
         return dataclasses.replace(
             s,
@@ -189,12 +190,12 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
 
     def plain_step(s: _State, proposal, dstate, step_key):
         ctx = s.ctx
-        out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache)
+        out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache, hidden_layers=hidden_layers)
         nxt = sample_logits(step_key, out.logits[:, 0], params)
         live = (~s.done).astype(jnp.int32)
         cache = out.cache.rollback(ctx.cache_length + live)
         new_ctx = Context(_append(ctx.history, ctx.length, nxt[:, None]), ctx.length + live, ctx.cache_length + live)
-        dstate = drafter.commit(dweights, dstate, new_ctx, jnp.zeros((b,), jnp.int32))
+        dstate = drafter.commit(dweights, dstate, new_ctx, jnp.zeros((b,), jnp.int32), out.hidden_states)
         o, g, d = _emit(s, nxt[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
         return dataclasses.replace(
             s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,

@@ -124,3 +124,15 @@ def load_model(name_or_path: str, *, layer_loop: str | None = None):
     if path.is_dir():
         return load_folder(path, layer_loop=layer_loop)
     return load_folder(fetch(name_or_path), layer_loop=layer_loop)
+
+
+def shipped_head(model_name: str, kind: str = "eagle3") -> pathlib.Path:
+    """The folder of the draft head trained for a registered model and shipped with jspec."""
+    folder = pathlib.Path(__file__).parent / "heads" / f"{model_name}-{kind}"
+    if not (folder / "head.json").exists():
+        have = sorted(p.name for p in (pathlib.Path(__file__).parent / "heads").glob("*") if p.is_dir())
+        raise ValueError(
+            f"no {kind} head ships for {model_name!r} (shipped: {', '.join(have) or 'none'}); train one with "
+            f"`jspec train {kind} --model {model_name} --out DIR` and pass --head DIR."
+        )
+    return folder

@@ -19,7 +19,7 @@ from flax import nnx, struct
 from jspec.cache import KVCache
 from jspec.models.config import ModelConfig
 
-__all__ = ["ModelOutput", "Transformer", "layer_loop_for_backend", "linear"]
+__all__ = ["ModelOutput", "Transformer", "apply_rope", "attention", "layer_loop_for_backend", "linear", "rms_norm"]
 
 LAYER_PARAMS = ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
 # Matrices are stored [out, in] (the checkpoints' layout) and applied by :func:`linear`.
@@ -85,6 +85,24 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     sin = jnp.sin(angles)[:, :, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention over cache slots.
+
+    Args:
+      q: [B, T, heads, D]; k, v: [B, S, kv heads, D]; mask: bool[B, T, S].
+
+    Returns:
+      [B, T, heads * D].
+    """
+    b, t, heads, d = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, heads // kv_heads, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * (d**-0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(scores.dtype).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b, t, heads * d)
 
 
 class LayerWeights(nnx.Module):
@@ -157,18 +175,12 @@ class Transformer(nnx.Module):
             qkv = qkv + _expand(p["bqkv"], 3)
         qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q, k, v = qkv[..., :qd], qkv[..., qd : qd + kvd], qkv[..., qd + kvd :]
-        group = c.num_heads // c.num_kv_heads
         q = apply_rope(q.reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
         k = apply_rope(k.reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
         v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
         k_all, v_all = write(k, v)
 
-        q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k_all) * (c.head_dim**-0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(scores.dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1)
-        attn = jnp.einsum("bkgts,bskd->btkgd", weights, v_all).reshape(b, t, c.num_heads * c.head_dim)
-        x = x + linear(attn, p["wo"])
+        x = x + linear(attention(q, k_all, v_all, mask), p["wo"])
 
         h = rms_norm(x, p["mlp_norm"], c.rms_eps)
         gate, up = jnp.split(linear(h, p["w_gate_up"]), 2, axis=-1)

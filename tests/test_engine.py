@@ -92,7 +92,9 @@ class _ScriptedDrafter:
     def __eq__(self, other):
         return isinstance(other, _ScriptedDrafter) and other._drafts == self._drafts
 
-    def init(self, weights, prompts, lengths, capacity, sampling):
+    hidden_layers = ()
+
+    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
         return ()
 
     def propose(self, weights, state, ctx, key, sampling):
@@ -103,7 +105,7 @@ class _ScriptedDrafter:
         tokens = jnp.asarray(self._drafts, jnp.int32)
         return Proposal(tokens, jax.nn.one_hot(tokens, 97), jnp.ones(tokens.shape[0], bool)), state
 
-    def commit(self, weights, state, ctx, num_accepted):
+    def commit(self, weights, state, ctx, num_accepted, hidden):
         return state
 
 
@@ -166,7 +168,7 @@ def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accep
     capacity = 32
     history = jnp.zeros((1, capacity), jnp.int32).at[0, :6].set(jnp.array([*prompt, 40]))
     ctx = Context(history, jnp.array([6]), jnp.array([5]))  # 40: the target's first sample, pending
-    state = drafter.init(weights, jnp.array([prompt]), jnp.array([5]), capacity, greedy)
+    state = drafter.init(weights, jnp.array([prompt]), ctx, capacity, greedy, ())
     proposal, state = drafter.propose(weights, state, ctx, jax.random.PRNGKey(0), greedy)
     drafts = proposal.tokens[0].tolist()
     assert drafts == Decoder(draft).generate([[*prompt, 40]], 3).tokens[0]
@@ -174,6 +176,6 @@ def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accep
     text = [*prompt, 40, *drafts[:accepted], 50]
     history = jnp.zeros((1, capacity), jnp.int32).at[0, : len(text)].set(jnp.array(text))
     ctx = Context(history, jnp.array([len(text)]), jnp.array([len(text) - 1]))
-    state = drafter.commit(weights, state, ctx, jnp.array([accepted]))
+    state = drafter.commit(weights, state, ctx, jnp.array([accepted]), ())
     proposal, _ = drafter.propose(weights, state, ctx, jax.random.PRNGKey(1), greedy)
     assert proposal.tokens[0].tolist() == Decoder(draft).generate([text], 3).tokens[0]

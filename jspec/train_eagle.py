@@ -1,0 +1,380 @@
+"""Training EAGLE heads: training-time test, the loss, the optimizer, resumable runs.
+
+Data is a set of fixed-length sequences with the target's hidden states
+already computed (see :mod:`jspec.eagle_data`): tokens int32[T], a loss mask
+(the response tokens), the hidden states at the head's feature layers
+[T, n, H] and at the target's top layer [T, H] (float16 on disk). The
+target's distribution at a position is recomputed from the top layer with
+the target's final norm and output rows for the draft vocabulary (frozen
+copies), restricted to the draft vocabulary and renormalized.
+
+Training-time test (EAGLE-3): the head runs ``num_steps`` steps; step 0 reads
+the fused target features, step k > 0 reads the head's own outputs of step
+k - 1 at the same rows and the tokens k positions further on. Row t of step
+k predicts token t + k + 2 and attends to the context (step 0 rows <= t) and
+its own earlier steps at row t (:func:`jspec.eagle.ttt_mask`). The loss is
+sum_k decay^k * CE_k. EAGLE-1 (one step, no TTT) adds a smooth-L1 regression
+of the next top-layer feature.
+
+A run checkpoints parameters, optimizer state and the step every
+``checkpoint_every`` steps with orbax; the data order is a pure function of
+(seed, step), so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jspec.cache import KVCache
+from jspec.eagle import DraftHead, ttt_mask
+from jspec.models.llama import linear, rms_norm
+
+__all__ = [
+    "Recipe", "TrainConfig", "Trainer", "batch_order", "head_loss", "make_optimizer", "prepare_data", "train_head",
+    "ttt_forward",
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    num_steps: int = 7  # TTT steps (1 = no training-time test)
+    decay: float = 0.8
+    batch_size: int = 8
+    learning_rate: float = 3e-4
+    warmup_steps: int = 50
+    total_steps: int = 1000
+    weight_decay: float = 0.01
+    clip_norm: float = 0.5
+    regression_weight: float = 1.0  # EAGLE-1's feature loss (the token loss weighs 0.1 there)
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_steps", "batch_size", "total_steps", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
+
+
+def _shift(x, k: int, fill=0):
+    """x[:, k:] padded at the end with ``fill`` back to its length (along axis 1)."""
+    if k == 0:
+        return x
+    n = x.shape[1]
+    pad = jnp.full((x.shape[0], min(k, n), *x.shape[2:]), fill, x.dtype)
+    return jnp.concatenate([x[:, k:], pad], axis=1)
+
+
+def ttt_forward(head: DraftHead, tokens, feature, num_steps: int) -> list[jax.Array]:
+    """The head's outputs [B, T - 1, H] at each training-time-test step.
+
+    Row r of step k reads token r + k + 1 at position r + k + 1 with the feature of
+    step k - 1's row r (step 0: ``feature``, the fused target feature of token r),
+    attends as :func:`jspec.eagle.ttt_mask` allows, and predicts token r + k + 2:
+    what drafting step k does at inference after the pair of row r was committed.
+
+    Args:
+      tokens: int32[B, T]; feature: [B, T - 1, H].
+    """
+    c = head.config
+    b, t = tokens.shape
+    m = t - 1
+    rows = jnp.arange(m)[None, :]
+    cache = KVCache.create(1, b, num_steps * m, c.num_kv_heads, c.head_dim)
+    outputs = []
+    for k in range(num_steps):
+        tok = _shift(tokens[:, 1:], k)
+        positions = jnp.broadcast_to(rows + k + 1, (b, m))
+        attn_mask = jnp.broadcast_to(ttt_mask(m, k, num_steps)[None], (b, m, num_steps * m))
+        cache = cache.rollback(jnp.full((b,), k * m, jnp.int32))
+        feature, cache = head(tok, feature, positions, cache, attn_mask)
+        outputs.append(feature)
+    return outputs
+
+
+def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: float, num_steps: int, decay: float,
+              regression_weight: float = 1.0):  # fmt: skip
+    """(loss, metrics) of one batch.
+
+    Args:
+      batch: ``tokens`` int32[B, T], ``mask`` bool[B, T] (token t is a response token
+        to predict), ``features`` [B, T, n, H], ``top`` [B, T, H].
+      target_norm, target_rows: the target's final norm [H] and output rows for the draft
+        vocabulary [K, H]: the target distribution at a position.
+      num_steps: TTT steps (EAGLE-1: 1).
+
+    Returns:
+      The weighted loss and a dict with per-step ``loss`` and ``acc`` (top-1 agreement with
+      the target on the draft vocabulary), arrays [num_steps].
+    """
+    tokens, mask = batch["tokens"], batch["mask"]
+    b, t = tokens.shape
+    if t < 3:
+        raise ValueError(f"training sequences need at least 3 tokens; got {t}.")
+    m = t - 1  # rows: pair (feature of token r, token r + 1), r = 0 .. T - 2
+    features = batch["features"].astype(jnp.float32)
+    top = batch["top"].astype(jnp.float32)
+    if head.config.kind == "eagle1":  # EAGLE-1 reads the top layer
+        feature = head.fuse((top[:, :m],))
+    else:
+        feature = head.fuse(tuple(features[:, :m, i] for i in range(features.shape[2])))
+    target_logp = jax.nn.log_softmax(linear(rms_norm(top, target_norm, rms_eps), target_rows), axis=-1)  # [B,T,K]
+    total = jnp.float32(0.0)
+    losses, accs = [], []
+    for k, h in enumerate(ttt_forward(head, tokens, feature, num_steps)):
+        logp = jax.nn.log_softmax(head.logits(h), axis=-1)
+        tgt = _shift(target_logp[:, 1:], k)  # the target's output at position r + k + 1
+        valid = _shift(mask[:, 2:], k, False)  # token r + k + 2 exists and is a response token
+        valid = jnp.concatenate([valid, jnp.zeros((b, 1), bool)], axis=1)
+        ce = -jnp.sum(jnp.exp(tgt) * logp, axis=-1)
+        count = jnp.maximum(valid.sum(), 1)
+        loss_k = jnp.sum(jnp.where(valid, ce, 0.0)) / count
+        acc_k = jnp.sum(valid & (logp.argmax(-1) == tgt.argmax(-1))) / count
+        if head.config.kind == "eagle1":
+            nxt = _shift(top[:, 1:], k)  # the next top-layer feature, what EAGLE-1 regresses
+            reg = jnp.sum(optax.huber_loss(h, nxt).mean(-1) * valid) / count
+            loss_k = regression_weight * reg + 0.1 * loss_k
+        total = total + (decay**k) * loss_k
+        losses.append(loss_k)
+        accs.append(acc_k)
+    return total, {"loss": jnp.stack(losses), "acc": jnp.stack(accs)}
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with linear warmup and cosine decay, after clipping the global gradient norm."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, min(config.warmup_steps, config.total_steps), config.total_steps,
+        end_value=config.learning_rate * 0.1,
+    )  # fmt: skip
+    return optax.chain(
+        optax.clip_by_global_norm(config.clip_norm), optax.adamw(schedule, weight_decay=config.weight_decay)
+    )
+
+
+def batch_order(num_examples: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """The example indices of training step ``step``: epochs of seeded permutations, a pure function of the step."""
+    per_epoch = max(num_examples // batch_size, 1)
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    idx = perm[i * batch_size : (i + 1) * batch_size]
+    if len(idx) < batch_size:  # fewer examples than one batch
+        idx = np.resize(perm, batch_size)
+    return idx
+
+
+class Trainer:
+    """Trains a head on prepared data; checkpoints and resumes with orbax."""
+
+    def __init__(self, head: DraftHead, target_norm, target_rows, rms_eps: float, config: TrainConfig,
+                 checkpoint_dir: str | pathlib.Path | None = None):  # fmt: skip
+        self.config = config
+        self.graphdef, self.params, self.frozen = nnx.split(head, nnx.Param, ...)
+        self.tx = make_optimizer(config)
+        self.opt_state = self.tx.init(self.params)
+        self.step = 0
+        self.target = (jnp.asarray(target_norm), jnp.asarray(target_rows))
+        self.rms_eps = rms_eps
+        self.manager = None
+        if checkpoint_dir is not None:
+            import orbax.checkpoint as ocp
+
+            # Synchronous saves: when fit() moves past a checkpoint step, that checkpoint is on disk.
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=2, save_interval_steps=config.checkpoint_every, enable_async_checkpointing=False
+            )
+            self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
+        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+
+    def _train_step(self, params, opt_state, frozen, target, batch):
+        c = self.config
+
+        def loss_fn(params):
+            head = nnx.merge(self.graphdef, params, frozen)
+            return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, metrics | {"total": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def restore(self) -> bool:
+        """Loads the latest checkpoint if there is one; returns whether it did."""
+        if self.manager is None or self.manager.latest_step() is None:
+            return False
+        import orbax.checkpoint as ocp
+
+        step = self.manager.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._saved())
+        saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        self.params, self.opt_state, self.step = saved["params"], saved["opt_state"], int(saved["step"])
+        return True
+
+    def _saved(self):
+        return {"params": self.params, "opt_state": self.opt_state, "step": np.asarray(self.step, np.int64)}
+
+    def save(self, force: bool = False) -> None:
+        """Checkpoints at the interval's steps (or now, with ``force``); a step is saved once."""
+        if self.manager is not None and self.step not in self.manager.all_steps():
+            import orbax.checkpoint as ocp
+
+            self.manager.save(self.step, args=ocp.args.StandardSave(self._saved()), force=force)
+
+    def fit(self, data: dict, until: int | None = None, progress=None, log_every: int = 10) -> list[dict]:
+        """Trains up to step ``until`` (default: the config's total); returns the logged metrics.
+
+        Args:
+          data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H].
+          progress: an optional callable(step, metrics) for a progress display.
+        """
+        c = self.config
+        until = c.total_steps if until is None else min(until, c.total_steps)
+        n = len(data["tokens"])
+        history = []
+        while self.step < until:
+            idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
+            batch = {key: jnp.asarray(data[key][idx]) for key in ("tokens", "mask", "features", "top")}
+            t0 = time.perf_counter()
+            self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
+                                                                 self.target, batch)  # fmt: skip
+            self.step += 1
+            if self.step % log_every == 0 or self.step == until:
+                row = {"step": self.step, "seconds": time.perf_counter() - t0}
+                row |= {k: np.asarray(v).tolist() for k, v in metrics.items()}
+                history.append(row)
+                if progress is not None:
+                    progress(self.step, row)
+            self.save()
+        self.save(force=True)
+        if self.manager is not None:
+            self.manager.wait_until_finished()
+        return history
+
+    def head(self) -> DraftHead:
+        return nnx.merge(self.graphdef, self.params, self.frozen)
+
+
+# ---------------------------------------------------------------------- the whole recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything that decides a trained head besides the target: data, head and training options."""
+
+    kind: str = "eagle3"
+    num_prompts: int = 2000
+    seq_len: int = 256
+    max_new_tokens: int = 192
+    gen_batch: int = 16
+    gen_temperature: float = 0.0
+    draft_vocab: int = 8192
+    feature_layers: tuple[int, ...] | None = None
+    train: TrainConfig = TrainConfig()
+
+    @classmethod
+    def tiny(cls, kind: str = "eagle3") -> Recipe:
+        """Finishes in about a minute on SmolLM2 (tests, notebooks); the head it makes is not useful."""
+        train = TrainConfig(num_steps=2 if kind == "eagle3" else 1, batch_size=4, total_steps=12, warmup_steps=2,
+                            checkpoint_every=4, learning_rate=1e-3)  # fmt: skip
+        return cls(kind, num_prompts=8, seq_len=64, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
+
+
+def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, progress=None) -> dict:
+    """The training set in ``folder``: loaded when a complete one made by the same recipe is there, else made."""
+    from jspec.eagle import HeadConfig
+    from jspec.eagle_data import generate_examples, load_shards, stdlib_prompts, write_shards
+
+    layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
+    want = {"model": model_name, "feature_layers": list(layers), "num_prompts": recipe.num_prompts,
+            "seq_len": recipe.seq_len, "max_new_tokens": recipe.max_new_tokens,
+            "gen_temperature": recipe.gen_temperature}  # fmt: skip
+    folder = pathlib.Path(folder)
+    if (folder / "meta.json").exists():
+        data, meta = load_shards(folder)
+        if {k: meta.get(k) for k in want} == want:
+            return data
+        raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
+    prompts = stdlib_prompts(recipe.num_prompts)
+    t0 = time.perf_counter()
+    data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
+                             max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
+                             temperature=recipe.gen_temperature, progress=progress)  # fmt: skip
+    meta = want | {"prompts": "Python standard library docstrings and sources (jspec.eagle_data.stdlib_prompts)",
+                   "seconds": time.perf_counter() - t0}  # fmt: skip
+    write_shards(data, folder, meta)
+    return data
+
+
+def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, data_dir=None, progress: bool = True,
+               until: int | None = None) -> tuple[DraftHead, dict]:  # fmt: skip
+    """Data (made once), draft vocabulary, head, training with checkpoints (resumed when present), saved head.
+
+    Returns the head and a report: data size, per-step loss and accuracy at the end, seconds.
+    """
+    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary, save_head
+
+    out_dir = pathlib.Path(out_dir)
+    data_dir = pathlib.Path(data_dir) if data_dir else out_dir / "data"
+    bar = _progress_bar(progress)
+    t0 = time.perf_counter()
+    data = prepare_data(target, tokenizer, recipe, data_dir, model_name,
+                        progress=bar("generating responses", recipe.num_prompts))  # fmt: skip
+    data_seconds = time.perf_counter() - t0
+    d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
+    config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
+    head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
+    head.attach_target(target, d2t)
+    rows = target.output_weights()[jnp.asarray(d2t)]
+    trainer = Trainer(head, target.final_norm[...], rows, target.config.rms_eps, recipe.train, out_dir / "checkpoints")
+    resumed_from = trainer.step if trainer.restore() else None
+    t1 = time.perf_counter()
+    tick = bar("training", recipe.train.total_steps, start=trainer.step)
+    history = trainer.fit(data, until=until, progress=tick, log_every=1)
+    head = trainer.head()
+    covered = float(data["counts"][d2t].sum() / max(data["counts"].sum(), 1))
+    report = {
+        "examples": len(data["tokens"]),
+        "response_tokens": int(data["mask"].sum()),
+        "draft_vocab_coverage": covered,
+        "data_seconds": data_seconds,
+        "train_seconds": time.perf_counter() - t1,
+        "resumed_from": resumed_from,
+        "steps": trainer.step,
+        "final": history[-1] if history else None,
+    }
+    if trainer.step >= recipe.train.total_steps:
+        recipe_dict = dataclasses.asdict(recipe) | {"model": model_name}
+        save_head(head, out_dir, recipe=recipe_dict | {"report": report})
+    return head, report
+
+
+def _progress_bar(enabled: bool):
+    """A factory of progress callbacks: tqdm bars on stderr, or nothing."""
+
+    def make(desc, total, start=0):
+        if not enabled:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=start, desc=desc, leave=False)
+        state = {"n": start}
+
+        def update(n, info):
+            bar.update(n - state["n"])
+            state["n"] = n
+            if isinstance(info, dict):
+                loss = " ".join(f"{x:.2f}" for x in info["loss"])
+                acc = " ".join(f"{x:.2f}" for x in info["acc"])
+                bar.set_postfix_str(f"loss/step [{loss}] acc/step [{acc}]")
+            if n >= total:
+                bar.close()
+
+        return update
+
+    return make
