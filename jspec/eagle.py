@@ -43,7 +43,7 @@ from jspec.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = [
     "KINDS", "DraftHead", "EagleDrafter", "Frozen", "HeadConfig",
-    "draft_vocabulary", "load_head", "save_head", "ttt_mask",
+    "draft_vocabulary", "load_head", "save_head", "target_to_draft", "ttt_mask",
 ]  # fmt: skip
 
 KINDS = ("eagle3", "eagle1")
@@ -114,6 +114,7 @@ class DraftHead(nnx.Module):
 
         self.embed = Frozen(jnp.zeros((c.vocab_size, H), dtype))
         self.d2t = Frozen(jnp.arange(K, dtype=jnp.int32))  # draft id -> target id
+        self.t2d = Frozen(target_to_draft(jnp.arange(K), c.vocab_size))  # target id -> draft id, or -1
         if c.kind == "eagle3":
             self.fc = param(H, len(c.feature_layers) * H)
             self.emb_norm = nnx.Param(jnp.ones((H,), dtype))
@@ -205,6 +206,7 @@ class DraftHead(nnx.Module):
             raise ValueError(f"the vocabulary map has shape {d2t.shape}; the head wants ({c.draft_vocab_size},).")
         self.embed[...] = target.embed[...]
         self.d2t[...] = d2t
+        self.t2d[...] = target_to_draft(d2t, c.vocab_size)
         if c.kind == "eagle1":
             self.final_norm[...] = target.final_norm[...]
             self.lm_head[...] = target.output_weights()[d2t]
@@ -215,6 +217,12 @@ def draft_vocabulary(token_counts, size: int) -> np.ndarray:
     counts = np.asarray(token_counts)
     order = np.lexsort((np.arange(len(counts)), -counts))
     return order[:size].astype(np.int32)
+
+
+def target_to_draft(d2t, vocab_size: int) -> jax.Array:
+    """int32[V]: each target id's draft id, or -1 when the draft vocabulary leaves it out."""
+    d2t = jnp.asarray(d2t, jnp.int32)
+    return jnp.full((vocab_size,), -1, jnp.int32).at[d2t].set(jnp.arange(d2t.shape[0], dtype=jnp.int32))
 
 
 def ttt_mask(length: int, step: int, num_steps: int | None = None) -> jax.Array:

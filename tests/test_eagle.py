@@ -189,6 +189,9 @@ def test_saved_head_round_trips_and_a_damaged_file_is_refused(target, tmp_path):
     b = loaded.logits(loaded(tokens, feature, positions, loaded.init_cache(1, 8))[0])
     np.testing.assert_allclose(a, b, atol=2e-3)  # weights are stored as float16
     np.testing.assert_array_equal(loaded.d2t[...], head.d2t[...])
+    t2d = np.asarray(loaded.t2d[...])  # the map back: every draft id's target id maps to it, the rest to -1
+    np.testing.assert_array_equal(t2d[np.asarray(loaded.d2t[...])], np.arange(loaded.config.draft_vocab_size))
+    assert (t2d >= 0).sum() == loaded.config.draft_vocab_size
     weights = tmp_path / "h" / "head.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(ValueError, match="corrupt or truncated"):
