@@ -27,6 +27,7 @@ Writes ``bench_spec.json`` to --out and prints the tables BENCHMARKS.md keeps.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -135,13 +136,18 @@ def worker_jspec(setup: dict, args) -> dict:
 
     ids = _prompt_ids(tokenizer, args.prompts.split(","), args.limit)
     eos = tokenizer.eos_token_ids
-    plain = Decoder(target, eos)
-    decoders = {"ar": plain}
-    for n in grid:
-        drafter, weights = drafter_for(n)
-        decoders[f"N={n}"] = SpeculativeDecoder(target, drafter, weights, eos)
     results: dict = {}
     for name, prompt_ids in ids.items():
+        # Fresh decoders per prompt set, the last set's compiled loops freed first: holding every
+        # loop of two Qwen models for every bucket ran the compiler out of memory (BENCHMARKS.md).
+        decoders = None
+        jax.clear_caches()
+        gc.collect()
+        plain = Decoder(target, eos)
+        decoders = {"ar": plain}
+        for n in grid:
+            drafter, weights = drafter_for(n)
+            decoders[f"N={n}"] = SpeculativeDecoder(target, drafter, weights, eos)
         # Prefill alone: a one-token generation per prompt.
         prefill = run_prompts(plain, prompt_ids, 1, SamplingParams.greedy())
         for t in _floats(args.temperatures):

@@ -2,8 +2,9 @@
 
 Prompts come from the Python standard library installed with the
 interpreter, read as source text (``ast``; nothing is imported): for each
-documented public function, a request to write it from its docstring, to
-explain its source, or to restate its documentation. They share nothing with
+documented public function or method, a request to write it from its
+docstring, to explain its source, or to restate its documentation; for each
+documented class, a request to explain it. They share nothing with
 the evaluation sets (MT-bench, HumanEval, Spec-Bench), which are never used
 for training. The target writes the responses itself (as EAGLE-3 does), so
 the head learns the target's own distribution.
@@ -34,14 +35,16 @@ _TEMPLATES = (
     "Explain what this Python function does, step by step:\n\n```python\n{source}\n```",
     "Rewrite the following documentation in plain words for a beginner:\n\n{doc}",
 )
+_CLASS_TEMPLATE = "What is the Python class `{name}` for? Explain it and show a short example of its use:\n\n{doc}"
 _SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages"}
 
 
 def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int = 600) -> list[str]:
-    """Prompts built from documented public functions of the standard library's source files.
+    """Prompts built from the documented public functions, methods and classes of the standard
+    library's source files (read with ``ast``, never imported).
 
     Deterministic for a given Python version and seed; each function yields one prompt,
-    its template chosen by a hash of its qualified name.
+    its template chosen by a hash of its qualified name; each class one explanation prompt.
     """
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     prompts = []
@@ -54,16 +57,19 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         module = ".".join(path.relative_to(root).with_suffix("").parts)
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+        for node in ast.walk(tree):  # functions, methods and classes, at any depth
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
                 continue
             doc = ast.get_docstring(node)
             if not doc or len(doc) < 40:
                 continue
+            key = f"{module}.{node.name}:{node.lineno}"
+            if isinstance(node, ast.ClassDef):
+                prompts.append(_CLASS_TEMPLATE.format(name=node.name, doc=doc[:max_doc_chars]))
+                continue
             source = ast.get_source_segment(text, node) or ""
             if len(source.splitlines()) > 40:
                 continue
-            key = f"{module}.{node.name}"
             which = int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest(), 16) % len(_TEMPLATES)
             args = "(" + ", ".join(a.arg for a in node.args.args) + ")"
             prompts.append(_TEMPLATES[which].format(name=node.name, args=args, doc=doc[:max_doc_chars], source=source))
