@@ -183,7 +183,8 @@ def worker_hf(setup: dict, args) -> dict:
     import torch
     import transformers
 
-    from jspec.models.hub import ensure_gguf, load_model
+    from jspec.models.hub import ensure_gguf, fetch
+    from jspec.models.tokenizer import TextTokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
 
@@ -192,7 +193,7 @@ def worker_hf(setup: dict, args) -> dict:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         return model.eval()
 
-    _, tokenizer = load_model(setup["target"])  # the same token ids as the jspec worker
+    tokenizer = TextTokenizer.load(fetch(setup["target"]))  # the jspec worker's token ids, without its weights
     ids = _prompt_ids(tokenizer, args.prompts.split(","), args.limit)
     target = load(setup["target"])
     assistant = load(setup["draft"]) if setup["draft"] else None

@@ -279,7 +279,7 @@ class Recipe:
 
     @classmethod
     def tiny(cls, kind: str = "eagle3") -> Recipe:
-        """Finishes in about a minute on SmolLM2 (tests, notebooks); the head it makes is not useful."""
+        """Small enough for tests and notebooks (8 prompts, 12 steps); the head it makes is not useful."""
         train = TrainConfig(num_steps=2 if kind == "eagle3" else 1, batch_size=4, total_steps=12, warmup_steps=2,
                             checkpoint_every=4, learning_rate=1e-3)  # fmt: skip
         return cls(kind, num_prompts=8, seq_len=64, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
