@@ -245,9 +245,10 @@ def _cmd_train(args) -> int:
     if args.tiny:
         recipe = Recipe.tiny(args.kind)
     else:
+        warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
         train = TrainConfig(
             num_steps=1 if args.kind == "eagle1" else args.ttt_steps, batch_size=args.batch_size,
-            total_steps=args.steps, warmup_steps=min(args.warmup, args.steps), learning_rate=args.lr,
+            total_steps=args.steps, warmup_steps=warmup, learning_rate=args.lr,
             checkpoint_every=args.checkpoint_every, seed=args.seed,
         )  # fmt: skip
         layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
@@ -410,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--ttt-steps", type=_positive_int, default=7, help="training-time-test steps (1: none)")
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup", type=_positive_int, default=50)
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: min(50, steps // 10))")
     p.add_argument("--checkpoint-every", type=_positive_int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)

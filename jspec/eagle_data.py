@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["generate_examples", "load_shards", "stdlib_prompts", "write_shards"]
+__all__ = ["fitting_prompts", "generate_examples", "load_shards", "stdlib_prompts", "write_shards"]
 
 _TEMPLATES = (
     "Write a Python function `{name}{args}` that does the following:\n\n{doc}",
@@ -79,14 +79,28 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
     return prompts if limit is None else prompts[:limit]
 
 
+def fitting_prompts(tokenizer, prompts: list[str], max_len: int, limit: int | None = None) -> list[list[int]]:
+    """The chat-templated token ids of the first ``limit`` prompts that are at most ``max_len`` tokens long."""
+    out = []
+    for p in prompts:
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]))
+        if len(ids) <= max_len:
+            out.append(ids)
+            if limit is not None and len(out) == limit:
+                break
+    return out
+
+
 def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tuple[int, ...], *, seq_len: int = 256,
                       max_new_tokens: int = 192, batch_size: int = 8, temperature: float = 0.0, seed: int = 0,
-                      progress=None) -> dict:  # fmt: skip
+                      min_response: int = 64, limit: int | None = None, progress=None) -> dict:  # fmt: skip
     """Regenerates responses with the target and records its hidden states.
 
     Returns numpy arrays: ``tokens`` int32[N, seq_len], ``mask`` bool[N, seq_len] (response
     tokens), ``features`` float16[N, seq_len, n, H] (the ``feature_layers``), ``top``
     float16[N, seq_len, H] (the last layer), and ``counts`` int64[V] of response tokens.
+    Prompts longer than ``seq_len - min_response`` tokens are left out; the first ``limit``
+    of the rest are used (N counts them).
     """
     from jspec.decode import Decoder
     from jspec.sampling import SamplingParams
@@ -106,14 +120,20 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
 
     out = {"tokens": [], "mask": [], "features": [], "top": []}
     counts = np.zeros(c.vocab_size, np.int64)
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}])) for p in chunk]
-        ids = [p[: seq_len - 16] for p in ids]  # leave room for a response
+    # A prompt is kept whole (cutting it would cut the chat template's assistant header) and
+    # must leave room for a response; batches hold prompts of similar length, so that one
+    # long prompt does not shorten the responses of the rest.
+    encoded = fitting_prompts(tokenizer, prompts, seq_len - min(min_response, max_new_tokens), limit)
+    encoded.sort(key=len)
+    if not encoded:
+        room = min(min_response, max_new_tokens)
+        raise ValueError(f"no prompt leaves {room} tokens for a response within seq_len {seq_len}; raise seq_len.")
+    for start in range(0, len(encoded), batch_size):
+        ids = encoded[start : start + batch_size]
         budget = min(max_new_tokens, seq_len - max(len(p) for p in ids))
         result = decoder.generate(ids, budget, sampling, seed=seed + start)
-        tokens = np.zeros((len(chunk), seq_len), np.int32)
-        mask = np.zeros((len(chunk), seq_len), bool)
+        tokens = np.zeros((len(ids), seq_len), np.int32)
+        mask = np.zeros((len(ids), seq_len), bool)
         for i, (p, r) in enumerate(zip(ids, result.tokens, strict=True)):
             seq = (p + r)[:seq_len]
             tokens[i, : len(seq)] = seq
@@ -125,7 +145,7 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
         out["features"].append(np.stack([np.asarray(h) for h in hs[:-1]], axis=2))
         out["top"].append(np.asarray(hs[-1]))
         if progress is not None:
-            progress(min(start + batch_size, len(prompts)), int(mask.sum()))
+            progress(min(start + batch_size, len(encoded)), int(mask.sum()))
     data = {k: np.concatenate(v) for k, v in out.items()}
     data["counts"] = counts
     return data

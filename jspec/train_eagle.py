@@ -61,6 +61,9 @@ class TrainConfig:
         for name in ("num_steps", "batch_size", "total_steps", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
+        if not 0 <= self.warmup_steps < self.total_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be at least 0 and below total_steps "
+                             f"({self.total_steps}); pass a smaller --warmup or more --steps.")  # fmt: skip
 
 
 def _shift(x, k: int, fill=0):
@@ -150,7 +153,7 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """AdamW with linear warmup and cosine decay, after clipping the global gradient norm."""
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, config.learning_rate, min(config.warmup_steps, config.total_steps), config.total_steps,
+        0.0, config.learning_rate, config.warmup_steps, config.total_steps,
         end_value=config.learning_rate * 0.1,
     )  # fmt: skip
     return optax.chain(
@@ -282,7 +285,7 @@ class Recipe:
         """Small enough for tests and notebooks (8 prompts, 12 steps); the head it makes is not useful."""
         train = TrainConfig(num_steps=2 if kind == "eagle3" else 1, batch_size=4, total_steps=12, warmup_steps=2,
                             checkpoint_every=4, learning_rate=1e-3)  # fmt: skip
-        return cls(kind, num_prompts=8, seq_len=64, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
+        return cls(kind, num_prompts=8, seq_len=128, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
 
 
 def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, progress=None) -> dict:
@@ -300,11 +303,11 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
         if {k: meta.get(k) for k in want} == want:
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
-    prompts = stdlib_prompts(recipe.num_prompts)
     t0 = time.perf_counter()
-    data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
+    data = generate_examples(target, tokenizer, stdlib_prompts(), layers, seq_len=recipe.seq_len,
                              max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
-                             temperature=recipe.gen_temperature, progress=progress)  # fmt: skip
+                             temperature=recipe.gen_temperature, limit=recipe.num_prompts,
+                             progress=progress)  # fmt: skip
     meta = want | {"prompts": "Python standard library docstrings and sources (jspec.eagle_data.stdlib_prompts)",
                    "seconds": time.perf_counter() - t0}  # fmt: skip
     write_shards(data, folder, meta)
