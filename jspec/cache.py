@@ -53,6 +53,26 @@ class KVCache:
     def advance(self, num_new: jax.Array) -> KVCache:
         return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_new, jnp.int32))
 
+    def commit_path(self, start: jax.Array, path: jax.Array, num_new: jax.Array) -> KVCache:
+        """Moves each row's accepted tree path into contiguous slots and commits it.
+
+        The entries a tree forward wrote at slots ``start + path[b, i]`` move to
+        ``start + i`` (``path[b, i] >= i``: nodes only move down), and row b's
+        length becomes ``start + num_new``.
+
+        Args:
+          start: int32[B], the slot of each row's tree root.
+          path: int32[B, P], node indices of the accepted path from the root.
+          num_new: int32[B], how many path entries each row keeps.
+        """
+        b, p = path.shape
+        rows = jnp.arange(b)[:, None]
+        src = start[:, None] + path
+        dst = start[:, None] + jnp.arange(p)[None, :]
+        k = self.k.at[:, rows, dst].set(self.k[:, rows, src], mode="drop")
+        v = self.v.at[:, rows, dst].set(self.v[:, rows, src], mode="drop")
+        return KVCache(k, v, jnp.asarray(start + num_new, jnp.int32))
+
     def valid_mask(self) -> jax.Array:
         """bool[B, S]: the committed slots."""
         return jnp.arange(self.capacity)[None, :] < self.lengths[:, None]

@@ -31,7 +31,7 @@ from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, probs_from_logits, sample
 
-__all__ = ["Context", "DraftModel", "PromptLookup", "Proposal"]
+__all__ = ["Context", "DraftModel", "PromptLookup", "Proposal", "TreeProposal"]
 
 
 @struct.dataclass
@@ -66,6 +66,31 @@ class Proposal:
     """
 
     tokens: jax.Array
+    probs: jax.Array
+    has_draft: jax.Array
+
+
+@struct.dataclass
+class TreeProposal:
+    """A draft tree per row (see :mod:`jspec.tree`); node 0 is the pending token.
+
+    A tree drafter has ``num_nodes`` (T, static) and ``num_draft`` (the deepest
+    node's depth: the most drafts one step can accept).
+
+    Attributes:
+      tokens: int32[B, T].
+      parents: int32[B, T], parents before children, the root's parent 0.
+      depths: int32[B, T].
+      used: bool[B, T], nodes to verify (the root's flag is ignored).
+      probs: float32[B, T, V], per node the distribution it was drawn from
+        (one-hot for deterministic children); the root's row is ignored.
+      has_draft: bool[B].
+    """
+
+    tokens: jax.Array
+    parents: jax.Array
+    depths: jax.Array
+    used: jax.Array
     probs: jax.Array
     has_draft: jax.Array
 

@@ -37,12 +37,13 @@ import numpy as np
 from flax import nnx, struct
 
 from jspec.cache import KVCache
-from jspec.drafters import Context, Proposal
+from jspec.drafters import Context, Proposal, TreeProposal
 from jspec.models.llama import apply_rope, attention, linear, rms_norm
 from jspec.sampling import SamplingParams, probs_from_logits, sample
+from jspec.tree import grow_dynamic_tree
 
 __all__ = [
-    "KINDS", "DraftHead", "EagleDrafter", "Frozen", "HeadConfig",
+    "KINDS", "DraftHead", "DynamicTreeSpec", "EagleDrafter", "Frozen", "HeadConfig",
     "draft_vocabulary", "load_head", "save_head", "target_to_draft", "ttt_mask",
 ]  # fmt: skip
 
@@ -246,8 +247,32 @@ class _EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
+class DynamicTreeSpec:
+    """EAGLE-2's knobs (see :func:`jspec.tree.grow_dynamic_tree`): children per expanded node and
+    nodes expanded per depth (``top_k``), ``depth``, and nodes kept (``total``, the root included)."""
+
+    top_k: int = 8
+    depth: int = 6
+    total: int = 48
+
+    def __post_init__(self):
+        most = 1 + self.top_k + (self.depth - 1) * self.top_k**2
+        if self.top_k < 1 or self.depth < 1 or not 2 <= self.total <= most:
+            raise ValueError(
+                f"a dynamic tree needs top_k >= 1, depth >= 1 and 2 <= total <= 1 + top_k + (depth - 1) * top_k**2 "
+                f"= {most}; got top_k={self.top_k}, depth={self.depth}, total={self.total}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class EagleDrafter:
-    """A chain drafter over an EAGLE head: N draft tokens, a ``lax.scan`` over the head, no target forward.
+    """A drafter over an EAGLE head, no target forward while drafting.
+
+    A chain (``tree=None``): N draft tokens, a ``lax.scan`` over the head. A
+    dynamic tree (EAGLE-2): the head expands the best ``top_k`` nodes of each
+    depth, attending to its cache and each node's own ancestors, and the best
+    ``total`` nodes are verified together (:class:`jspec.drafters.TreeProposal`;
+    the children are chosen deterministically, so their rows are one-hot).
 
     ``weights`` (passed through by the engine) is the head's NNX state, target copies included.
     """
@@ -256,19 +281,29 @@ class EagleDrafter:
     num_draft: int
     vocab_size: int
     hidden_layers: tuple[int, ...]
+    tree: DynamicTreeSpec | None = None
+
+    @property
+    def num_nodes(self) -> int | None:
+        return self.tree.total if self.tree else None
 
     @classmethod
-    def from_head(cls, head: DraftHead, num_draft: int, target_vocab_size: int):
-        """(drafter, weights). Raises ValueError when the head was built for another vocabulary."""
+    def from_head(cls, head: DraftHead, num_draft: int, target_vocab_size: int, tree: DynamicTreeSpec | None = None):
+        """(drafter, weights); with ``tree`` the depth is the tree's and ``num_draft`` is ignored.
+
+        Raises ValueError when the head was built for another vocabulary.
+        """
         if head.config.vocab_size != target_vocab_size:
             raise ValueError(
                 f"the head was built for a vocabulary of {head.config.vocab_size}, the target has "
                 f"{target_vocab_size}; train or load a head for this target."
             )
+        if tree is not None:
+            num_draft = tree.depth
         if num_draft < 1:
             raise ValueError(f"num_draft must be >= 1; got {num_draft}.")
         graphdef, weights = nnx.split(head)
-        return cls(graphdef, num_draft, target_vocab_size, head.config.feature_layers), weights
+        return cls(graphdef, num_draft, target_vocab_size, head.config.feature_layers, tree), weights
 
     def _pairs(self, head, state_cache, ctx: Context, start, hidden, num_new):
         """Feeds the pairs (feature of token start + j, token start + 1 + j) and reads the output at num_new - 1."""
@@ -284,10 +319,13 @@ class EagleDrafter:
         b = prompts.shape[0]
         # Prompt pairs: the feature of token t with token t + 1 (the last one is the pending token).
         start = jnp.zeros((b,), jnp.int32)
-        return self._pairs(head, head.init_cache(b, capacity), ctx, start, hidden, ctx.cache_length)
+        extra = (self.tree.depth - 1) * self.tree.top_k if self.tree else 0  # the frontiers' slots
+        return self._pairs(head, head.init_cache(b, capacity + extra), ctx, start, hidden, ctx.cache_length)
 
     def propose(self, weights, state: _EagleState, ctx: Context, key, sampling: SamplingParams):
         head = nnx.merge(self.graphdef, weights)
+        if self.tree is not None:
+            return self._propose_tree(head, state, ctx), state
         d2t = head.d2t[...]
         probs0 = probs_from_logits(state.logits, sampling)
         tok0 = sample(jax.random.fold_in(key, 0), probs0)
@@ -306,6 +344,38 @@ class EagleDrafter:
         b, n, _ = probs.shape
         full = jnp.zeros((b, n, self.vocab_size), probs.dtype).at[:, :, d2t].set(probs)
         return Proposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool)), state
+
+    def _propose_tree(self, head, state: _EagleState, ctx: Context) -> TreeProposal:
+        """EAGLE-2's tree; node scores are the head's log-probabilities at temperature 1 (the
+        children are deterministic, so exactness does not depend on them)."""
+        spec, d2t = self.tree, head.d2t[...]
+        k, width = spec.top_k, (spec.depth - 1) * spec.top_k
+        b = ctx.history.shape[0]
+        base = state.cache.lengths  # frontier of depth d goes to slots base + (d - 1) k ..
+        capacity = state.cache.capacity
+
+        def expand(carry, tokens, parent_slot, d):
+            cache, ancestors, h_prev = carry
+            feature = jnp.take_along_axis(h_prev, parent_slot[:, :, None], axis=1)
+            own = jax.nn.one_hot((d - 1) * k + jnp.arange(k), width, dtype=bool)  # [K, W]
+            ancestors = jnp.take_along_axis(ancestors, parent_slot[:, :, None], axis=1) | own[None]
+            rel = jnp.arange(capacity)[None, :] - base[:, None]  # [B, S]
+            idx = jnp.broadcast_to(jnp.clip(rel, 0, width - 1)[:, None, :], (b, k, capacity))
+            sees = jnp.take_along_axis(ancestors, idx, axis=2) & ((rel >= 0) & (rel < width))[:, None, :]
+            mask = (rel < 0)[:, None, :] | sees
+            positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, k))
+            h, cache = head(d2t[tokens], feature, positions, cache, mask)
+            return jax.nn.log_softmax(head.logits(h), axis=-1), (cache, ancestors, h)
+
+        carry = (state.cache, jnp.zeros((b, k, width), bool), jnp.repeat(state.hidden[:, None], k, axis=1))
+        root_logp = jax.nn.log_softmax(state.logits, axis=-1)
+        tree, _ = grow_dynamic_tree(expand, carry, jnp.zeros((b,), jnp.int32), root_logp,
+                                    top_k=k, depth=spec.depth, total=spec.total)  # fmt: skip
+        nodes = jnp.arange(spec.total)[None, :]
+        tokens = jnp.where(nodes == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
+        probs = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
+        used = jnp.ones((b, spec.total), bool)
+        return TreeProposal(tokens, tree.parents, tree.depths, used, probs, jnp.ones((b,), bool))
 
     def commit(self, weights, state: _EagleState, ctx: Context, num_accepted, hidden):
         """The target's features of the pending token and the accepted drafts become committed pairs.

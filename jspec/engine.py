@@ -23,6 +23,7 @@ from flax import nnx, struct
 from jspec.decode import GenerationResult, bucket, compile_once, pad_prompts, validate_prompts
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
+from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
 __all__ = ["SpecConfig", "SpecResult", "SpeculativeDecoder", "acceptance_by_position"]
@@ -36,8 +37,9 @@ class SpecConfig:
     max_new: int
     eos_ids: tuple[int, ...]
 
-    def capacity(self, num_draft: int) -> int:
-        return self.prompt_len + self.max_new + num_draft + 1
+    def capacity(self, width: int) -> int:
+        """Cache slots: the prompt, the budget and one verify forward of ``width`` tokens."""
+        return self.prompt_len + self.max_new + width
 
 
 @struct.dataclass
@@ -125,8 +127,9 @@ def _emit(state: _State, tokens, count, max_new, eos_ids):
 def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new, params, key, config, verifier):
     target = nnx.merge(tgraph, tweights)
     n = drafter.num_draft
+    num_nodes = getattr(drafter, "num_nodes", None)  # tree drafters: nodes per tree, root included
     b, p = prompts.shape
-    capacity = config.capacity(n)
+    capacity = config.capacity(num_nodes or n + 1)
 
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
     cache = target.init_cache(b, capacity)
@@ -156,23 +159,32 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
 
     def verify_step(s: _State, proposal, dstate, step_key):
         ctx = s.ctx
-        last = ctx.last
-        tokens = jnp.concatenate([last[:, None], proposal.tokens], axis=1)  # [B, N + 1]
-        positions = ctx.cache_length[:, None] + jnp.arange(n + 1)[None, :]
-        out = target(tokens, positions, s.cache, hidden_layers=hidden_layers)
-        q = probs_from_logits(out.logits, params)
-        verdict = verifier(proposal.tokens, proposal.probs, q, jax.random.split(step_key, b))
+        keys = jax.random.split(step_key, b)
+        if num_nodes:  # a tree: every node in one forward, each seeing its ancestors
+            positions = ctx.cache_length[:, None] + proposal.depths
+            mask = tree_attention_mask(ctx.cache_length, ancestor_mask(proposal.parents, n), capacity)
+            out = target(proposal.tokens, positions, s.cache, mask, hidden_layers=hidden_layers)
+            q = probs_from_logits(out.logits, params)
+            verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
+        else:  # a chain: the pending token and the N drafts
+            tokens = jnp.concatenate([ctx.last[:, None], proposal.tokens], axis=1)  # [B, N + 1]
+            positions = ctx.cache_length[:, None] + jnp.arange(n + 1)[None, :]
+            out = target(tokens, positions, s.cache, hidden_layers=hidden_layers)
+            q = probs_from_logits(out.logits, params)
+            verdict = verifier(proposal.tokens, proposal.probs, q, keys)
         live = ~s.done
         a = jnp.where(live, verdict.num_accepted, 0)
         emitted = jnp.where(live, verdict.num_emitted, 0)
-        # Finished rows keep their lengths: nothing they see changes any more.
-        cache = out.cache.rollback(ctx.cache_length + jnp.where(live, 1 + a, 0))
-        new_ctx = Context(
-            _append(ctx.history, ctx.length, verdict.tokens),
-            ctx.length + emitted,
-            ctx.cache_length + jnp.where(live, 1 + a, 0),
-        )
-        dstate = drafter.commit(dweights, dstate, new_ctx, a, out.hidden_states)
+        kept = jnp.where(live, 1 + a, 0)  # finished rows keep their lengths: nothing they see changes
+        hidden = out.hidden_states
+        if num_nodes:  # the accepted path moves into place; the drafter sees it as a chain
+            cache = out.cache.commit_path(ctx.cache_length, verdict.path, kept)
+            hidden = tuple(jnp.take_along_axis(h, verdict.path[:, :, None], axis=1) for h in hidden)
+        else:
+            cache = out.cache.rollback(ctx.cache_length + kept)
+        history = _append(ctx.history, ctx.length, verdict.tokens)
+        new_ctx = Context(history, ctx.length + emitted, ctx.cache_length + kept)
+        dstate = drafter.commit(dweights, dstate, new_ctx, a, hidden)
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
         return dataclasses.replace(
             s,

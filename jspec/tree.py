@@ -1,0 +1,335 @@
+"""Draft trees with static shapes, and their exact verification.
+
+A tree has a fixed node budget T. Node 0 is the root: the pending token
+(sampled, not yet fed to the target); nodes 1..T-1 are drafts. Per node:
+its parent (the root's is 0), its depth (the root's is 0; a node's position
+in the text is the root's position plus its depth) and whether it is used
+(a dynamic tree or a lookup may fill fewer nodes than the budget). Parents
+come before children in node order.
+
+The target scores all nodes in one forward, each node attending to the
+committed cache and to its own ancestors (:func:`ancestor_mask`).
+
+Verification (:func:`verify_tree`) walks down from the root. At a node u with
+target distribution q, its children x_1, x_2, ... (in node order) are tried
+in turn: child i, drawn from the drafter's distribution p_i, is accepted with
+probability min(1, q'(x_i) / p_i(x_i)), where q' starts at q; on rejection
+q' becomes the normalized residual (q' - p_i)+ and the next child is tried.
+When a child is accepted the walk continues from it with that child's target
+distribution; when all are rejected, the next token is drawn from q' and the
+step ends; at a leaf the bonus token is drawn from the leaf's q.
+
+Two kinds of drafts are exact under this one rule:
+
+* deterministic children (top-k of the drafter, a lookup): p_i is one-hot, so
+  child i is accepted with probability q'(x_i) and a rejection zeroes x_i in
+  q' and renormalizes (the sequential sibling rule);
+* sampled children (drawn independently from the drafter's distribution at
+  u): p_i is that distribution for every sibling (multi-draft rejection
+  sampling, as in SpecInfer).
+
+Either way every emitted token is distributed as a draw from the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jspec.sampling import sample
+from jspec.verify import acceptance_probability, residual_distribution
+
+__all__ = [
+    "DynamicTree",
+    "StaticTree",
+    "TreeVerdict",
+    "ancestor_mask",
+    "grow_dynamic_tree",
+    "select_dynamic_tree",
+    "tree_attention_mask",
+    "verify_tree",
+    "verify_tree_batch",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTree:
+    """A tree whose shape is fixed before drafting (hashable: a static argument under jit).
+
+    Attributes:
+      parents: per node, its parent's index; node 0 (the root) has parent 0.
+    """
+
+    parents: tuple[int, ...]
+
+    def __post_init__(self):
+        p = self.parents
+        if not p or p[0] != 0:
+            raise ValueError(f"node 0 is the root and its own parent; got parents {p}.")
+        for i, parent in enumerate(p[1:], start=1):
+            if not 0 <= parent < i:
+                raise ValueError(f"node {i}'s parent must be an earlier node; got {parent} (parents {p}).")
+
+    @classmethod
+    def from_branching(cls, branching: Sequence[int]) -> StaticTree:
+        """Every node at depth d has ``branching[d]`` children: [2, 2, 2] gives 14 drafts, 8 paths.
+
+        A chain of N drafts is ``[1] * N``.
+        """
+        branching = [int(b) for b in branching]
+        if not branching or any(b < 1 for b in branching):
+            raise ValueError(f"branching must be a non-empty list of positive ints, e.g. [2, 2, 2]; got {branching}.")
+        parents, frontier = [0], [0]
+        for b in branching:
+            nxt = []
+            for u in frontier:
+                for _ in range(b):
+                    parents.append(u)
+                    nxt.append(len(parents) - 1)
+            frontier = nxt
+        return cls(tuple(parents))
+
+    @classmethod
+    def chain(cls, num_draft: int) -> StaticTree:
+        return cls.from_branching([1] * num_draft)
+
+    @property
+    def size(self) -> int:
+        """Nodes, the root included."""
+        return len(self.parents)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        d = [0]
+        for parent in self.parents[1:]:
+            d.append(d[parent] + 1)
+        return tuple(d)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def num_leaves(self) -> int:
+        return self.size - len(set(self.parents[1:]))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(parents int32[T], depths int32[T])."""
+        return np.asarray(self.parents, np.int32), np.asarray(self.depths, np.int32)
+
+
+def ancestor_mask(parents: jax.Array, max_depth: int) -> jax.Array:
+    """bool[..., T, T]: [i, j] is True when node j is node i or one of its ancestors.
+
+    Args:
+      parents: int32[..., T], the root's parent being itself (node 0).
+      max_depth: the deepest node's depth (static), bounding the pointer walk.
+    """
+    t = parents.shape[-1]
+    eye = jnp.eye(t, dtype=bool)
+    mask = jnp.broadcast_to(eye, (*parents.shape, t))
+    cur = jnp.broadcast_to(jnp.arange(t), parents.shape)
+    for _ in range(max_depth):
+        cur = jnp.take_along_axis(parents, cur, axis=-1)
+        mask = mask | jax.nn.one_hot(cur, t, dtype=bool)
+    return mask
+
+
+@struct.dataclass
+class TreeVerdict:
+    """What verifying one tree decided (add a leading B when batched).
+
+    Attributes:
+      path: int32[D + 1]; the accepted nodes from the root (path[0] = 0); slots
+        after ``num_accepted`` hold 0.
+      num_accepted: int32[]; drafts accepted, 0..D.
+      tokens: int32[D + 1]; the accepted drafts, then the correction or bonus
+        token; later slots hold 0.
+      num_emitted: int32[]; ``num_accepted + 1``.
+    """
+
+    path: jax.Array
+    num_accepted: jax.Array
+    tokens: jax.Array
+    num_emitted: jax.Array
+
+
+def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth: int) -> TreeVerdict:
+    """Walks one tree from the root and accepts a path (see the module docstring).
+
+    Args:
+      tokens: int32[T]; node tokens (the root's is the pending token, not checked).
+      parents: int32[T]; parents before children, the root's parent 0.
+      used: bool[T]; unused nodes are never tried.
+      draft_probs: float32[T, V]; per node the distribution it was drawn from
+        (one-hot for deterministic drafts; the root's row is ignored).
+      target_probs: float32[T, V]; the target's distribution after each node.
+      key: PRNG key.
+      max_depth: the deepest node's depth (static).
+    """
+    t = tokens.shape[0]
+    walk_key, sample_key = jax.random.split(key)
+    uniforms = jax.random.uniform(walk_key, (max_depth, t))
+    p_tok = jnp.take_along_axis(draft_probs, tokens[:, None], axis=-1)[:, 0]  # p_j(x_j)
+
+    def level(carry, u_row):
+        node, q, stopped, num_acc, path = carry
+
+        def try_child(inner, j):
+            q, chosen = inner
+            is_child = (parents[j] == node) & used[j] & (j > 0) & (chosen < 0) & ~stopped
+            ok = u_row[j] < acceptance_probability(p_tok[j], q[tokens[j]])
+            chosen = jnp.where(is_child & ok, j, chosen)
+            q = jnp.where(is_child & ~ok, residual_distribution(q, draft_probs[j]), q)
+            return (q, chosen), None
+
+        (q, chosen), _ = jax.lax.scan(try_child, (q, jnp.int32(-1)), jnp.arange(t))
+        accepted = chosen >= 0
+        num_acc = num_acc + accepted.astype(jnp.int32)
+        path = jnp.where(accepted, path.at[num_acc].set(chosen), path)
+        node = jnp.where(accepted, chosen, node)
+        q = jnp.where(accepted, target_probs[jnp.maximum(chosen, 0)], q)
+        return (node, q, stopped | ~accepted, num_acc, path), None
+
+    init = (jnp.int32(0), target_probs[0], jnp.bool_(False), jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
+    (_, q, _, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
+    # q is now the residual at the node where the walk stopped, or the leaf's target distribution.
+    nxt = sample(sample_key, q)
+    slots = jnp.arange(max_depth + 1)
+    out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], 0)
+    out = jnp.where(slots == num_acc, nxt, out).astype(jnp.int32)
+    return TreeVerdict(path, num_acc, out, num_acc + 1)
+
+
+def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, max_depth: int) -> TreeVerdict:
+    """:func:`verify_tree` vmapped over a batch, each row with its own tree and key."""
+    return jax.vmap(verify_tree, in_axes=(0, 0, 0, 0, 0, 0, None))(
+        tokens, parents, used, draft_probs, target_probs, keys, max_depth
+    )
+
+
+def select_dynamic_tree(scores, parents, total: int):
+    """EAGLE-2's final pick: the ``total`` best candidates by score, renumbered into a tree.
+
+    Scores are cumulative draft log-probabilities, which only fall along a
+    path, so a kept node's ancestors score at least as high; ties are broken
+    toward earlier candidates, which are ancestors, so every kept node's
+    parent is kept.
+
+    Args:
+      scores: float32[C]; candidate 0 is the root (its score should be the highest, e.g. 0).
+      parents: int32[C]; parent candidate of each (earlier in candidate order).
+      total: nodes to keep, root included (static).
+
+    Returns:
+      (index int32[total] of the kept candidates in candidate order, parents int32[total]
+      as indices into the kept list).
+    """
+    c = scores.shape[0]
+    order = jnp.argsort(-scores, stable=True)[:total]
+    keep = jnp.sort(order)  # candidate order keeps parents before children
+    new_index = jnp.full((c,), 0, jnp.int32).at[keep].set(jnp.arange(total, dtype=jnp.int32))
+    new_parents = new_index[parents[keep]]
+    return keep, new_parents.at[0].set(0)
+
+
+@struct.dataclass
+class DynamicTree:
+    """EAGLE-2 trees, one per row.
+
+    Attributes:
+      tokens: int32[B, T]; node 0 is the root.
+      parents: int32[B, T]; parents before children.
+      depths: int32[B, T].
+      scores: float32[B, T]; cumulative draft log-probability (the root's is 0).
+    """
+
+    tokens: jax.Array
+    parents: jax.Array
+    depths: jax.Array
+    scores: jax.Array
+
+
+def grow_dynamic_tree(expand, state, root_token, root_logp, *, top_k: int, depth: int, total: int):
+    """EAGLE-2's dynamic draft tree for each row of a batch, with static shapes.
+
+    Depth 1 holds the ``top_k`` most likely tokens after the root. At each
+    further depth the ``top_k`` best nodes of the previous depth (the frontier,
+    by cumulative log-probability) are fed to the drafter and each gets its
+    ``top_k`` most likely children: ``top_k**2`` candidates, whose best
+    ``top_k`` are the next frontier. Every candidate may end in the tree: the
+    ``total`` best of them all (root included) are kept (:func:`select_dynamic_tree`).
+
+    Args:
+      expand: ``expand(state, tokens int32[B, K], parent_slot int32[B, K], d) -> (logp float32[B, K, V], state)``:
+        the drafter reads the frontier at depth d (``parent_slot[b, i]`` is the
+        index of node i's parent in the previous frontier, so that the drafter
+        can build its own ancestor mask and pick the parent's hidden state) and
+        returns each node's log-probabilities for the next token.
+      state: the drafter's state, threaded through ``expand``.
+      root_token: int32[B]; root_logp: float32[B, V], the drafter's log-probabilities after the root.
+      top_k, depth, total: static; ``total <= 1 + top_k + (depth - 1) * top_k**2``.
+
+    Returns:
+      (:class:`DynamicTree`, state).
+    """
+    k = top_k
+    most = 1 + k + (depth - 1) * k * k
+    if not 1 <= total <= most or k < 1 or depth < 1:
+        raise ValueError(
+            f"need top_k >= 1, depth >= 1 and 1 <= total <= 1 + top_k + (depth - 1) * top_k**2 = {most}; "
+            f"got top_k={k}, depth={depth}, total={total}."
+        )
+    b = root_logp.shape[0]
+    scores, tok = jax.lax.top_k(root_logp.astype(jnp.float32), k)
+    tok = tok.astype(jnp.int32)
+    cand_tokens = [jnp.asarray(root_token, jnp.int32)[:, None], tok]
+    cand_scores = [jnp.full((b, 1), jnp.inf, jnp.float32), scores]  # the root always stays
+    cand_parents = [jnp.zeros((b, 1 + k), jnp.int32)]
+    cand_depths = [jnp.zeros((b, 1), jnp.int32), jnp.ones((b, k), jnp.int32)]
+    frontier_idx = jnp.broadcast_to(1 + jnp.arange(k, dtype=jnp.int32), (b, k))  # candidate indices
+    frontier_tok, frontier_score = tok, scores
+    parent_slot = jnp.zeros((b, k), jnp.int32)
+    offset = 1 + k
+    for d in range(1, depth):
+        logp, state = expand(state, frontier_tok, parent_slot, d)
+        child_logp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, K, K]
+        child_scores = (frontier_score[:, :, None] + child_logp).reshape(b, k * k)
+        child_tok = child_tok.reshape(b, k * k).astype(jnp.int32)
+        cand_tokens.append(child_tok)
+        cand_scores.append(child_scores)
+        cand_parents.append(jnp.repeat(frontier_idx, k, axis=1))
+        cand_depths.append(jnp.full((b, k * k), d + 1, jnp.int32))
+        frontier_score, best = jax.lax.top_k(child_scores, k)
+        frontier_tok = jnp.take_along_axis(child_tok, best, axis=1)
+        parent_slot = (best // k).astype(jnp.int32)
+        frontier_idx = (offset + best).astype(jnp.int32)
+        offset += k * k
+    tokens, scores = jnp.concatenate(cand_tokens, 1), jnp.concatenate(cand_scores, 1)
+    parents, depths = jnp.concatenate(cand_parents, 1), jnp.concatenate(cand_depths, 1)
+    keep, new_parents = jax.vmap(select_dynamic_tree, in_axes=(0, 0, None))(scores, parents, total)
+    pick = lambda x: jnp.take_along_axis(x, keep, axis=1)  # noqa: E731
+    kept_scores = pick(scores).at[:, 0].set(0.0)
+    return DynamicTree(pick(tokens), new_parents, pick(depths), kept_scores), state
+
+
+def tree_attention_mask(cache_lengths, ancestors, capacity: int):
+    """bool[B, T, S]: tree node i (written at slot ``cache_lengths + i``) sees the committed
+    slots and the slots of its ancestors and itself.
+
+    Args:
+      cache_lengths: int32[B], committed slots per row.
+      ancestors: bool[B, T, T] from :func:`ancestor_mask`.
+      capacity: S, static.
+    """
+    t = ancestors.shape[-1]
+    rel = jnp.arange(capacity)[None, :] - cache_lengths[:, None]  # [B, S]
+    in_tree = (rel >= 0) & (rel < t)
+    idx = jnp.broadcast_to(jnp.clip(rel, 0, t - 1)[:, None, :], (*ancestors.shape[:2], capacity))
+    sees_node = jnp.take_along_axis(ancestors, idx, axis=2) & in_tree[:, None, :]
+    return (rel < 0)[:, None, :] | sees_node

@@ -1,0 +1,114 @@
+"""Tree decoding in the engine: one target forward over the tree, the accepted path moved into place."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny import tiny_model
+
+from jspec.cache import KVCache
+from jspec.decode import Decoder
+from jspec.drafters import TreeProposal
+from jspec.eagle import DraftHead, DynamicTreeSpec, EagleDrafter, HeadConfig, draft_vocabulary
+from jspec.engine import SpeculativeDecoder
+from jspec.tree import StaticTree
+
+V = 97
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("qwen2", seed=0, num_layers=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleTree:
+    """A [2, 2, 2] tree whose second child at every node is the right greedy token, the first a wrong one.
+
+    ``weights`` is int32[B, C]: each row's prompt and plain greedy continuation. Every
+    accepted path runs through second children, so the accepted entries of the target's
+    cache must move (slots 2, 4 or 6 and so on to 1, 2, 3).
+    """
+
+    num_draft: int = 3
+    num_nodes: int = 15
+    hidden_layers = ()
+
+    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
+        return ()
+
+    def propose(self, weights, state, ctx, key, sampling):
+        tree = StaticTree.from_branching([2, 2, 2])
+        parents, depths = (jnp.asarray(x) for x in tree.arrays())
+        rank = jnp.asarray([0] + [(i - 1) % 2 for i in range(1, tree.size)])
+        b = ctx.history.shape[0]
+        cols = jnp.clip(ctx.length[:, None] - 1 + depths[None, :], 0, weights.shape[1] - 1)
+        right = jnp.take_along_axis(weights, cols, axis=1)
+        tokens = jnp.where(rank[None] == 1, right, (right + 1) % V)
+        tokens = tokens.at[:, 0].set(ctx.last).astype(jnp.int32)
+        probs = jax.nn.one_hot(tokens, V)
+        bcast = lambda x: jnp.broadcast_to(x[None], (b, tree.size))  # noqa: E731
+        ones = jnp.ones((b, tree.size), bool)
+        return TreeProposal(tokens, bcast(parents), bcast(depths), ones, probs, ones[:, 0]), state
+
+    def commit(self, weights, state, ctx, num_accepted, hidden):
+        return state
+
+
+def _oracle(prompts, plain, width=64):
+    out = np.zeros((len(prompts), width), np.int32)
+    for i, (p, g) in enumerate(zip(prompts, plain, strict=True)):
+        seq = p + g
+        out[i, : len(seq)] = seq
+    return jnp.asarray(out)
+
+
+def test_tree_decoding_moves_the_accepted_path_into_place(target):
+    plain = Decoder(target).generate(PROMPTS, 20).tokens
+    got = SpeculativeDecoder(target, OracleTree(), _oracle(PROMPTS, plain)).generate(PROMPTS, 20)
+    assert got.tokens == plain
+    assert got.accept_hist[-1] == sum(got.accept_hist)  # every step accepted a full path of 3
+    for p, g, length in zip(PROMPTS, plain, got.cache_lengths, strict=True):
+        # The prompt, then 4 tokens (pending + 3 accepted) per step, the last step perhaps past the budget.
+        assert (length - len(p)) % 4 == 0 and len(p) + len(g) - 1 <= length < len(p) + len(g) + 3
+
+
+def test_tree_decoding_negative_control_without_moving_the_path(target, monkeypatch):
+    """If the accepted path's keys and values stayed where the tree put them, later tokens would change."""
+    plain = Decoder(target).generate(PROMPTS, 20).tokens
+
+    def keep_in_place(self, start, path, num_new):
+        return self.rollback(start + num_new)
+
+    monkeypatch.setattr(KVCache, "commit_path", keep_in_place)
+    jax.clear_caches()  # the engine's jitted loop must be traced again with the broken method
+    try:
+        got = SpeculativeDecoder(target, OracleTree(), _oracle(PROMPTS, plain)).generate(PROMPTS, 20)
+    finally:
+        jax.clear_caches()  # and no later test may reuse that trace
+    assert got.tokens != plain
+
+
+def _head(target, k=40, seed=1):
+    config = HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=k)
+    head = DraftHead(config, rngs=nnx.Rngs(seed))
+    head.attach_target(target, draft_vocabulary(np.arange(V)[::-1], k))
+    return head
+
+
+@pytest.mark.parametrize("spec", [DynamicTreeSpec(top_k=4, depth=3, total=12), DynamicTreeSpec(8, 2, 9)], ids=str)
+def test_eagle_dynamic_tree_greedy_equals_plain_greedy(target, spec):
+    drafter, weights = EagleDrafter.from_head(_head(target), 0, V, tree=spec)
+    got = SpeculativeDecoder(target, drafter, weights).generate(PROMPTS, 24)
+    assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
+    assert drafter.num_draft == spec.depth and len(got.accept_hist) == spec.depth + 1
+    assert got.verify_steps + 1 == got.target_calls
+
+
+def test_dynamic_tree_spec_checks_its_knobs():
+    with pytest.raises(ValueError, match="top_k"):
+        DynamicTreeSpec(top_k=2, depth=2, total=8)
