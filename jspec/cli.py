@@ -137,6 +137,33 @@ def _cmd_fetch(args) -> int:
     return 0
 
 
+def _tree(args):
+    """--tree as a drafter option: None (a chain), a dynamic tree's knobs or a static tree."""
+    from jspec.eagle import DynamicTreeSpec
+    from jspec.tree import StaticTree
+
+    tree = getattr(args, "tree", "chain")
+    if tree == "chain":
+        return None
+    if tree == "dynamic":
+        return DynamicTreeSpec(args.tree_top_k, args.tree_depth, args.tree_nodes)
+    try:
+        branching = [int(x) for x in tree.split(",")]
+    except ValueError:
+        raise ValueError(f"--tree must be chain, dynamic or a branching list such as 2,2,2; got {tree!r}.") from None
+    return StaticTree.from_branching(branching)
+
+
+def _check_tree_method(args, methods) -> None:
+    """Trees are drafted by EAGLE heads so far; say so before any model is loaded."""
+    _tree(args)
+    if getattr(args, "tree", "chain") != "chain":
+        others = [m for m in methods if m not in ("ar", "eagle3", "eagle1")]
+        if others:
+            raise ValueError(f"--tree {args.tree} is implemented for eagle3 and eagle1 only, not {', '.join(others)}; "
+                             "use --tree chain for those methods.")  # fmt: skip
+
+
 def _decoder(method, args, model, tokenizer):
     """The decoder for a method: plain, prompt lookup, a draft model or an EAGLE head."""
     from jspec.decode import Decoder
@@ -153,7 +180,7 @@ def _decoder(method, args, model, tokenizer):
         from jspec.models.hub import shipped_head
 
         head = load_head(args.head or shipped_head(args.model, method), model)
-        drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
+        drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size, _tree(args))
     else:
         draft, _ = load_model(args.draft_model)
         drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size)
@@ -169,6 +196,7 @@ def _cmd_generate(args) -> int:
         raise ValueError("--prompt is empty; give the text to continue.")
     if args.method == "draft" and not args.draft_model:
         raise ValueError("--method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
+    _check_tree_method(args, [args.method])
     model, tokenizer = load_model(args.model)
     text = args.prompt
     if args.chat:
@@ -203,6 +231,7 @@ def _cmd_bench(args) -> int:
         raise ValueError(f"unknown method(s) {unknown or methods}; choose from {', '.join(METHODS)}.")
     if "draft" in methods and not args.draft_model:
         raise ValueError("method draft needs --draft-model NAME.")
+    _check_tree_method(args, methods)
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     prompts = load_prompts(args.prompts, args.category, args.limit)
     model, tokenizer = load_model(args.model)
@@ -222,13 +251,15 @@ def _cmd_bench(args) -> int:
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "num_draft": args.num_draft,
+        "tree": args.tree,
         "draft_model": args.draft_model,
         "methods": results,
     }
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, N = {args.num_draft}")
+        shape = f"N = {args.num_draft}" if args.tree == "chain" else f"tree {args.tree}"
+        print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, {shape}")
         print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
         for name, e in results.items():
             sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
@@ -294,6 +325,14 @@ def _evaluate_head(head, model, tokenizer, args) -> dict:
     entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
     return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
             "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
+
+
+def _add_tree(p) -> None:
+    tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
+    p.add_argument("--tree", default="chain", help=tree_help)
+    p.add_argument("--tree-top-k", type=_positive_int, default=4, help="dynamic tree: children per expanded node")
+    p.add_argument("--tree-depth", type=_positive_int, default=4, help="dynamic tree: depth")
+    p.add_argument("--tree-nodes", type=_positive_int, default=16, help="dynamic tree: nodes kept, root included")
 
 
 def _positive_int(text: str) -> int:
@@ -367,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     p.add_argument("--num-draft", type=_positive_int, default=4, help="N, tokens drafted per step")
+    _add_tree(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -393,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-draft", type=_positive_int, default=4)
     p.add_argument("--draft-model", default=None)
+    _add_tree(p)
     _add_json(p)
     p.set_defaults(fn=_cmd_bench)
 

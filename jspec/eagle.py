@@ -40,7 +40,7 @@ from jspec.cache import KVCache
 from jspec.drafters import Context, Proposal, TreeProposal
 from jspec.models.llama import apply_rope, attention, linear, rms_norm
 from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import grow_dynamic_tree
+from jspec.tree import StaticTree, grow_dynamic_tree, grow_static_tree
 
 __all__ = [
     "KINDS", "DraftHead", "DynamicTreeSpec", "EagleDrafter", "Frozen", "HeadConfig",
@@ -281,14 +281,17 @@ class EagleDrafter:
     num_draft: int
     vocab_size: int
     hidden_layers: tuple[int, ...]
-    tree: DynamicTreeSpec | None = None
+    tree: DynamicTreeSpec | StaticTree | None = None
 
     @property
     def num_nodes(self) -> int | None:
-        return self.tree.total if self.tree else None
+        if self.tree is None:
+            return None
+        return self.tree.size if isinstance(self.tree, StaticTree) else self.tree.total
 
     @classmethod
-    def from_head(cls, head: DraftHead, num_draft: int, target_vocab_size: int, tree: DynamicTreeSpec | None = None):
+    def from_head(cls, head: DraftHead, num_draft: int, target_vocab_size: int,
+                  tree: DynamicTreeSpec | StaticTree | None = None):  # fmt: skip
         """(drafter, weights); with ``tree`` the depth is the tree's and ``num_draft`` is ignored.
 
         Raises ValueError when the head was built for another vocabulary.
@@ -298,7 +301,10 @@ class EagleDrafter:
                 f"the head was built for a vocabulary of {head.config.vocab_size}, the target has "
                 f"{target_vocab_size}; train or load a head for this target."
             )
-        if tree is not None:
+        if isinstance(tree, StaticTree):
+            _branching(tree)
+            num_draft = tree.max_depth
+        elif tree is not None:
             num_draft = tree.depth
         if num_draft < 1:
             raise ValueError(f"num_draft must be >= 1; got {num_draft}.")
@@ -319,7 +325,7 @@ class EagleDrafter:
         b = prompts.shape[0]
         # Prompt pairs: the feature of token t with token t + 1 (the last one is the pending token).
         start = jnp.zeros((b,), jnp.int32)
-        extra = (self.tree.depth - 1) * self.tree.top_k if self.tree else 0  # the frontiers' slots
+        extra = _frontier_slots(self.tree)
         return self._pairs(head, head.init_cache(b, capacity + extra), ctx, start, hidden, ctx.cache_length)
 
     def propose(self, weights, state: _EagleState, ctx: Context, key, sampling: SamplingParams):
@@ -346,35 +352,45 @@ class EagleDrafter:
         return Proposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool)), state
 
     def _propose_tree(self, head, state: _EagleState, ctx: Context) -> TreeProposal:
-        """EAGLE-2's tree; node scores are the head's log-probabilities at temperature 1 (the
-        children are deterministic, so exactness does not depend on them)."""
-        spec, d2t = self.tree, head.d2t[...]
-        k, width = spec.top_k, (spec.depth - 1) * spec.top_k
+        """A dynamic (EAGLE-2) or static tree. Node scores are the head's log-probabilities at
+        temperature 1: the children are deterministic, so exactness does not depend on them."""
+        tree_spec, d2t = self.tree, head.d2t[...]
+        if isinstance(tree_spec, StaticTree):
+            branching = _branching(tree_spec)
+            sizes = [int(np.prod(branching[: d + 1])) for d in range(len(branching) - 1)]
+        else:
+            sizes = [tree_spec.top_k] * (tree_spec.depth - 1)
+        width = sum(sizes)  # head cache slots for the fed frontiers, one block per depth
         b = ctx.history.shape[0]
-        base = state.cache.lengths  # frontier of depth d goes to slots base + (d - 1) k ..
+        base = state.cache.lengths
         capacity = state.cache.capacity
 
         def expand(carry, tokens, parent_slot, d):
             cache, ancestors, h_prev = carry
+            f, offset = tokens.shape[1], sum(sizes[: d - 1])
             feature = jnp.take_along_axis(h_prev, parent_slot[:, :, None], axis=1)
-            own = jax.nn.one_hot((d - 1) * k + jnp.arange(k), width, dtype=bool)  # [K, W]
+            own = jax.nn.one_hot(offset + jnp.arange(f), width, dtype=bool)  # [F, W]
             ancestors = jnp.take_along_axis(ancestors, parent_slot[:, :, None], axis=1) | own[None]
             rel = jnp.arange(capacity)[None, :] - base[:, None]  # [B, S]
-            idx = jnp.broadcast_to(jnp.clip(rel, 0, width - 1)[:, None, :], (b, k, capacity))
+            idx = jnp.broadcast_to(jnp.clip(rel, 0, width - 1)[:, None, :], (b, f, capacity))
             sees = jnp.take_along_axis(ancestors, idx, axis=2) & ((rel >= 0) & (rel < width))[:, None, :]
             mask = (rel < 0)[:, None, :] | sees
-            positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, k))
+            positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, f))
             h, cache = head(d2t[tokens], feature, positions, cache, mask)
             return jax.nn.log_softmax(head.logits(h), axis=-1), (cache, ancestors, h)
 
-        carry = (state.cache, jnp.zeros((b, k, width), bool), jnp.repeat(state.hidden[:, None], k, axis=1))
+        carry = (state.cache, jnp.zeros((b, 1, width), bool), state.hidden[:, None])
         root_logp = jax.nn.log_softmax(state.logits, axis=-1)
-        tree, _ = grow_dynamic_tree(expand, carry, jnp.zeros((b,), jnp.int32), root_logp,
-                                    top_k=k, depth=spec.depth, total=spec.total)  # fmt: skip
-        nodes = jnp.arange(spec.total)[None, :]
-        tokens = jnp.where(nodes == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
+        root = jnp.zeros((b,), jnp.int32)
+        if isinstance(tree_spec, StaticTree):
+            tree, _ = grow_static_tree(expand, carry, root, root_logp, branching)
+        else:
+            tree, _ = grow_dynamic_tree(expand, carry, root, root_logp, top_k=tree_spec.top_k,
+                                        depth=tree_spec.depth, total=tree_spec.total)  # fmt: skip
+        t = tree.tokens.shape[1]
+        tokens = jnp.where(jnp.arange(t)[None, :] == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
         probs = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
-        used = jnp.ones((b, spec.total), bool)
+        used = jnp.ones((b, t), bool)
         return TreeProposal(tokens, tree.parents, tree.depths, used, probs, jnp.ones((b,), bool))
 
     def commit(self, weights, state: _EagleState, ctx: Context, num_accepted, hidden):
@@ -387,6 +403,22 @@ class EagleDrafter:
         n_new = num_accepted + 1
         start = jnp.maximum(ctx.cache_length - n_new, 0)  # the old pending token's position
         return self._pairs(head, state.cache, ctx, start, hidden, n_new)
+
+
+def _branching(tree: StaticTree) -> list[int]:
+    if tree.branching is None:
+        raise ValueError("an EAGLE head drafts static trees made by StaticTree.from_branching (e.g. [2, 2, 2]).")
+    return list(tree.branching)
+
+
+def _frontier_slots(tree) -> int:
+    """Head cache slots a tree's drafting needs beyond the committed pairs."""
+    if tree is None:
+        return 0
+    if isinstance(tree, StaticTree):
+        branching = _branching(tree)
+        return sum(int(np.prod(branching[: d + 1])) for d in range(len(branching) - 1))
+    return (tree.depth - 1) * tree.top_k
 
 
 # ---------------------------------------------------------------------- saving and loading

@@ -50,6 +50,7 @@ __all__ = [
     "TreeVerdict",
     "ancestor_mask",
     "grow_dynamic_tree",
+    "grow_static_tree",
     "select_dynamic_tree",
     "tree_attention_mask",
     "verify_tree",
@@ -63,9 +64,12 @@ class StaticTree:
 
     Attributes:
       parents: per node, its parent's index; node 0 (the root) has parent 0.
+      branching: children per node at each depth, when the tree was made by
+        :meth:`from_branching` (drafters that fill a tree depth by depth need it).
     """
 
     parents: tuple[int, ...]
+    branching: tuple[int, ...] | None = None
 
     def __post_init__(self):
         p = self.parents
@@ -92,7 +96,7 @@ class StaticTree:
                     parents.append(u)
                     nxt.append(len(parents) - 1)
             frontier = nxt
-        return cls(tuple(parents))
+        return cls(tuple(parents), tuple(branching))
 
     @classmethod
     def chain(cls, num_draft: int) -> StaticTree:
@@ -316,6 +320,39 @@ def grow_dynamic_tree(expand, state, root_token, root_logp, *, top_k: int, depth
     pick = lambda x: jnp.take_along_axis(x, keep, axis=1)  # noqa: E731
     kept_scores = pick(scores).at[:, 0].set(0.0)
     return DynamicTree(pick(tokens), new_parents, pick(depths), kept_scores), state
+
+
+def grow_static_tree(expand, state, root_token, root_logp, branching: Sequence[int]):
+    """A tree of fixed shape (:meth:`StaticTree.from_branching`) filled with the drafter's top choices.
+
+    Every node at depth d gets the ``branching[d]`` most likely tokens after it as
+    children; every node above the last depth is fed to the drafter (``expand``,
+    as in :func:`grow_dynamic_tree`). Node order is
+    ``StaticTree.from_branching(branching)``'s.
+
+    Returns:
+      (:class:`DynamicTree` with the static tree's parents and depths, state).
+    """
+    branching = [int(x) for x in branching]
+    shape = StaticTree.from_branching(branching)
+    b = root_logp.shape[0]
+    scores, tok = jax.lax.top_k(root_logp.astype(jnp.float32), branching[0])
+    all_tokens = [jnp.asarray(root_token, jnp.int32)[:, None], tok.astype(jnp.int32)]
+    all_scores = [jnp.zeros((b, 1), jnp.float32), scores]
+    frontier_tok, frontier_score = tok.astype(jnp.int32), scores
+    parent_slot = jnp.zeros((b, branching[0]), jnp.int32)
+    for d, width in enumerate(branching[1:], start=1):
+        logp, state = expand(state, frontier_tok, parent_slot, d)
+        child_logp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), width)  # [B, F, width]
+        f = frontier_tok.shape[1]
+        frontier_score = (frontier_score[:, :, None] + child_logp).reshape(b, f * width)
+        frontier_tok = child_tok.reshape(b, f * width).astype(jnp.int32)
+        parent_slot = jnp.broadcast_to(jnp.arange(f * width, dtype=jnp.int32) // width, (b, f * width))
+        all_tokens.append(frontier_tok)
+        all_scores.append(frontier_score)
+    parents, depths = (jnp.broadcast_to(jnp.asarray(x), (b, shape.size)) for x in shape.arrays())
+    tree = DynamicTree(jnp.concatenate(all_tokens, 1), parents, depths, jnp.concatenate(all_scores, 1))
+    return tree, state
 
 
 def tree_attention_mask(cache_lengths, ancestors, capacity: int):

@@ -95,6 +95,13 @@ def test_generate_bad_input(capsys):
     assert "empty" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+    assert main(["generate", "--method", "eagle3", "--tree", "two", "--prompt", "x"]) == 2
+    assert "branching list" in capsys.readouterr().err
+    assert main(["generate", "--method", "ngram", "--tree", "2,2,2", "--prompt", "x"]) == 2
+    assert "eagle3 and eagle1 only" in capsys.readouterr().err
+    argv = ["generate", "--method", "eagle3", "--tree", "dynamic", "--tree-nodes", "99", "--prompt", "x"]
+    assert main(argv) == 2
+    assert "total" in capsys.readouterr().err
 
 
 def test_generate_ngram_reports_speculation_stats(capsys, smollm2):

@@ -100,15 +100,22 @@ def _head(target, k=40, seed=1):
     return head
 
 
-@pytest.mark.parametrize("spec", [DynamicTreeSpec(top_k=4, depth=3, total=12), DynamicTreeSpec(8, 2, 9)], ids=str)
-def test_eagle_dynamic_tree_greedy_equals_plain_greedy(target, spec):
-    drafter, weights = EagleDrafter.from_head(_head(target), 0, V, tree=spec)
+TREES = [DynamicTreeSpec(top_k=4, depth=3, total=12), DynamicTreeSpec(8, 2, 9), StaticTree.from_branching([8, 2, 1])]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=str)
+def test_eagle_tree_greedy_equals_plain_greedy(target, tree):
+    drafter, weights = EagleDrafter.from_head(_head(target), 0, V, tree=tree)
     got = SpeculativeDecoder(target, drafter, weights).generate(PROMPTS, 24)
     assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
-    assert drafter.num_draft == spec.depth and len(got.accept_hist) == spec.depth + 1
+    depth = tree.max_depth if isinstance(tree, StaticTree) else tree.depth
+    assert drafter.num_draft == depth and len(got.accept_hist) == depth + 1
     assert got.verify_steps + 1 == got.target_calls
+    assert sum(got.accept_hist[1:]) > 0  # some drafts were accepted, so paths were committed
 
 
-def test_dynamic_tree_spec_checks_its_knobs():
+def test_tree_options_are_checked(target):
     with pytest.raises(ValueError, match="top_k"):
         DynamicTreeSpec(top_k=2, depth=2, total=8)
+    with pytest.raises(ValueError, match="from_branching"):
+        EagleDrafter.from_head(_head(target), 0, V, tree=StaticTree((0, 0, 1)))
