@@ -19,6 +19,11 @@ without looking inside. Two attributes and three methods:
 ``hidden_layers``, from the forward the engine just ran (the prompt at
 ``init``; the pending token and the N drafts, or the pending token alone,
 at ``commit``): the target hands them over, the drafter never calls it.
+
+A tree drafter also has ``num_nodes`` (the tree's node budget, root
+included) and proposes a :class:`TreeProposal`; ``num_draft`` is then the
+deepest node's depth. At ``commit`` it sees the accepted path as if it had
+been a chain: the hidden states are gathered along the path.
 """
 
 from __future__ import annotations

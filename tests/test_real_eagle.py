@@ -1,4 +1,5 @@
-"""EAGLE on the real SmolLM2: the tiny training recipe end to end, then exact greedy decoding with the head."""
+"""EAGLE on the real SmolLM2: the tiny training recipe end to end, then exact greedy decoding with the head
+(a chain, a static tree and a dynamic tree)."""
 
 import json
 
@@ -20,3 +21,6 @@ def test_tiny_training_run_then_greedy_eagle_equals_plain(smollm2, tmp_path, cap
     eagle = json.loads(capsys.readouterr().out)
     assert eagle["tokens"] == plain["tokens"]
     assert eagle["stats"]["tau"] >= 1.0
+    for tree in (["--tree", "2,2,2"], ["--tree", "dynamic", "--tree-top-k", "3", "--tree-depth", "3"]):
+        assert main(["generate", *prompt, "--method", "eagle3", "--head", str(out), *tree, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"], tree
