@@ -88,7 +88,8 @@ class TreeProposal:
       depths: int32[B, T].
       used: bool[B, T], nodes to verify (the root's flag is ignored).
       probs: float32[B, T, V], per node the distribution it was drawn from
-        (one-hot for deterministic children); the root's row is ignored.
+        (the root's row is ignored), or None when every child was chosen
+        deterministically (one-hot rows, verified without V-sized work per node).
       has_draft: bool[B].
     """
 

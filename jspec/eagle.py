@@ -389,9 +389,8 @@ class EagleDrafter:
                                         depth=tree_spec.depth, total=tree_spec.total)  # fmt: skip
         t = tree.tokens.shape[1]
         tokens = jnp.where(jnp.arange(t)[None, :] == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
-        probs = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
-        used = jnp.ones((b, t), bool)
-        return TreeProposal(tokens, tree.parents, tree.depths, used, probs, jnp.ones((b,), bool))
+        used = jnp.ones((b, t), bool)  # probs None: every child is deterministic (one-hot)
+        return TreeProposal(tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
 
     def commit(self, weights, state: _EagleState, ctx: Context, num_accepted, hidden):
         """The target's features of the pending token and the accepted drafts become committed pairs.

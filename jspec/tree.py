@@ -171,11 +171,14 @@ def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth
       parents: int32[T]; parents before children, the root's parent 0.
       used: bool[T]; unused nodes are never tried.
       draft_probs: float32[T, V]; per node the distribution it was drawn from
-        (one-hot for deterministic drafts; the root's row is ignored).
+        (the root's row is ignored); ``None`` when every draft was chosen
+        deterministically (one-hot rows, handled without V-sized work per node).
       target_probs: float32[T, V]; the target's distribution after each node.
       key: PRNG key.
       max_depth: the deepest node's depth (static).
     """
+    if draft_probs is None:
+        return _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth)
     t = tokens.shape[0]
     walk_key, sample_key = jax.random.split(key)
     uniforms = jax.random.uniform(walk_key, (max_depth, t))
@@ -210,9 +213,59 @@ def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth
     return TreeVerdict(path, num_acc, out, num_acc + 1)
 
 
+def _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth: int) -> TreeVerdict:
+    """:func:`verify_tree` when every draft is one-hot: the sibling rule on scalars.
+
+    Child j of node u (token x_j, earlier siblings rejected) is accepted with
+    probability q_u(x_j) / (1 - mass of the rejected siblings' tokens); a sibling
+    repeating an earlier sibling's token has probability 0. Where the walk stops,
+    the next token is drawn from q_u without the tried children's tokens.
+    """
+    t = tokens.shape[0]
+    walk_key, sample_key = jax.random.split(key)
+    uniforms = jax.random.uniform(walk_key, (max_depth, t))
+    nodes = jnp.arange(t)
+    is_node = used & (nodes > 0)
+    q_parent = target_probs[parents, tokens]  # q_{parent(j)}(x_j)
+    siblings = parents[:, None] == parents[None, :]
+    earlier_twin = siblings & (tokens[:, None] == tokens[None, :]) & (nodes[None, :] < nodes[:, None])
+    q_parent = jnp.where(jnp.any(earlier_twin & is_node[None, :], axis=1), 0.0, q_parent)
+
+    def level(carry, u_row):
+        node, stopped, num_acc, path = carry
+
+        def try_child(inner, j):
+            removed, chosen = inner
+            is_child = (parents[j] == node) & is_node[j] & (chosen < 0) & ~stopped
+            ok = u_row[j] * jnp.maximum(1.0 - removed, 0.0) < q_parent[j]
+            chosen = jnp.where(is_child & ok, j, chosen)
+            removed = removed + jnp.where(is_child & ~ok, q_parent[j], 0.0)
+            return (removed, chosen), None
+
+        (_, chosen), _ = jax.lax.scan(try_child, (jnp.float32(0.0), jnp.int32(-1)), nodes)
+        accepted = chosen >= 0
+        num_acc = num_acc + accepted.astype(jnp.int32)
+        path = jnp.where(accepted, path.at[num_acc].set(chosen), path)
+        node = jnp.where(accepted, chosen, node)
+        return (node, stopped | ~accepted, num_acc, path), None
+
+    init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
+    (node, _, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
+    tried = jnp.zeros_like(target_probs[0], dtype=bool).at[tokens].max((parents == node) & is_node)
+    resid = jnp.where(tried, 0.0, target_probs[node])
+    total = resid.sum()
+    nxt = sample(sample_key, jnp.where(total > 0, resid / jnp.where(total > 0, total, 1.0), target_probs[node]))
+    slots = jnp.arange(max_depth + 1)
+    out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], 0)
+    out = jnp.where(slots == num_acc, nxt, out).astype(jnp.int32)
+    return TreeVerdict(path, num_acc, out, num_acc + 1)
+
+
 def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, max_depth: int) -> TreeVerdict:
-    """:func:`verify_tree` vmapped over a batch, each row with its own tree and key."""
-    return jax.vmap(verify_tree, in_axes=(0, 0, 0, 0, 0, 0, None))(
+    """:func:`verify_tree` vmapped over a batch, each row with its own tree and key
+    (``draft_probs`` None: every draft deterministic)."""
+    probs_axis = None if draft_probs is None else 0
+    return jax.vmap(verify_tree, in_axes=(0, 0, 0, probs_axis, 0, 0, None))(
         tokens, parents, used, draft_probs, target_probs, keys, max_depth
     )
 

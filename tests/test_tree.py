@@ -100,8 +100,10 @@ def _toy_expand(p):
 
 
 def _step(q, p, root, key, tree_kind, verifier):
+    """One verify step; kinds ending in "scalar" pass draft_probs=None (the one-hot fast path)."""
     k_draft, k_verify = jax.random.split(key)
-    if tree_kind == "dynamic":
+    scalar = str(tree_kind).endswith("scalar")
+    if str(tree_kind).startswith("dynamic"):
         tree, _ = grow_dynamic_tree(_toy_expand(p), (), root[None], jnp.log(p[root])[None], top_k=2, depth=3, total=8)
         tokens, parents, used = tree.tokens[0], tree.parents[0], jnp.ones((8,), bool)
         draft_probs = jax.nn.one_hot(tokens, V)
@@ -109,10 +111,10 @@ def _step(q, p, root, key, tree_kind, verifier):
     else:
         shape, mode = tree_kind
         static = StaticTree.from_branching(shape)
-        tokens, draft_probs, parents = _static_tree_draft(static, p, root, k_draft, mode)
+        tokens, draft_probs, parents = _static_tree_draft(static, p, root, k_draft, mode.removesuffix("-scalar"))
         used = jnp.ones((static.size,), bool)
         max_depth = static.max_depth
-    return verifier(tokens, parents, used, draft_probs, q[tokens], k_verify, max_depth)
+    return verifier(tokens, parents, used, None if scalar else draft_probs, q[tokens], k_verify, max_depth)
 
 
 def _first_two(q, p, tree_kind, verifier, n, root=0, seed=1):
@@ -149,7 +151,10 @@ def _verify_without_residual(tokens, parents, used, draft_probs, target_probs, k
     return v.replace(tokens=v.tokens.at[v.num_accepted].set(fixed))
 
 
-TREES = [((2, 2, 2), "top-k"), ((2, 2, 2), "sampled"), ((3, 1), "sampled"), ((1, 1, 1), "sampled"), "dynamic"]
+TREES = [
+    ((2, 2, 2), "top-k"), ((2, 2, 2), "top-k-scalar"), ((2, 2, 2), "sampled"), ((3, 1), "sampled"),
+    ((1, 1, 1), "sampled"), "dynamic", "dynamic-scalar",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("tree_kind", TREES, ids=str)
@@ -160,7 +165,10 @@ def test_tree_verification_is_exact(tree_kind):
     assert acc.mean() > 0.3  # the tree did accept drafts, so acceptance was exercised
 
 
-@pytest.mark.parametrize("tree_kind", [((2, 2, 2), "top-k"), ((2, 2, 2), "sampled"), "dynamic"], ids=str)
+NEGATIVE = [((2, 2, 2), "top-k"), ((2, 2, 2), "top-k-scalar"), ((2, 2, 2), "sampled"), "dynamic-scalar"]
+
+
+@pytest.mark.parametrize("tree_kind", NEGATIVE, ids=str)
 def test_tree_verification_negative_control(tree_kind):
     q, p = _chains(0)
     a, b, _ = _first_two(q, p, tree_kind, _verify_without_residual, 40_000)
@@ -182,7 +190,7 @@ def test_sibling_rule_accepts_each_child_with_its_target_mass():
     assert np.all(np.asarray(acceptance_probability(jnp.ones(3), jnp.asarray(qs))) == qs)
 
 
-@pytest.mark.parametrize("tree_kind", [((2, 2, 2), "top-k"), "dynamic"], ids=str)
+@pytest.mark.parametrize("tree_kind", [((2, 2, 2), "top-k"), "dynamic", "dynamic-scalar"], ids=str)
 def test_greedy_tree_follows_the_target_argmax(tree_kind):
     """With a one-hot target the walk accepts the child equal to the argmax and the output is the greedy chain."""
     q, p = _chains(1)
