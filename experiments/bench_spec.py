@@ -38,7 +38,47 @@ import time
 SETUPS = {
     "smollm2-ngram": {"target": "smollm2-135m", "method": "ngram", "draft": None},
     "qwen-draft": {"target": "qwen2.5-coder-1.5b", "method": "draft", "draft": "qwen2.5-coder-0.5b"},
+    "smollm2-eagle3": {"target": "smollm2-135m", "method": "eagle3", "draft": None},  # no transformers twin
 }
+
+
+def _tree(spec: str):
+    """A --trees entry: a branching list "2,2,2" or "dynamic:TOP_K:DEPTH:NODES"."""
+    from jspec.eagle import DynamicTreeSpec
+    from jspec.tree import StaticTree
+
+    if spec.startswith("dynamic"):
+        top_k, depth, nodes = (int(x) for x in spec.split(":")[1:])
+        return DynamicTreeSpec(top_k, depth, nodes)
+    return StaticTree.from_branching(_ints(spec))
+
+
+def _drafter_ms(target, drafter, weights, context: int = 256) -> dict:
+    """One propose and one commit of ``drafter`` alone (batch 1, ``context`` committed tokens), in ms."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.drafters import Context
+    from jspec.sampling import SamplingParams
+
+    greedy = SamplingParams.greedy()
+    capacity = context + 128
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (1, context), 0, target.config.vocab_size)
+    positions = jnp.arange(context)[None]
+    layers = drafter.hidden_layers
+    out = jax.jit(lambda t: target(t, positions, target.init_cache(1, capacity), hidden_layers=layers))(tokens)
+    history = jnp.zeros((1, capacity), jnp.int32).at[:, :context].set(tokens).at[:, context].set(7)
+    ctx = Context(history, jnp.array([context + 1]), jnp.array([context]))
+    state = drafter.init(weights, tokens, ctx, capacity, greedy, out.hidden_states)
+    propose = jax.jit(lambda w, s, c: drafter.propose(w, s, c, jax.random.PRNGKey(1), greedy)[0])
+    n = drafter.num_draft
+    hidden = tuple(h[:, : n + 1] for h in out.hidden_states)
+    after = Context(history, ctx.length + n, ctx.cache_length + n)
+    commit = jax.jit(lambda w, s, c, h: drafter.commit(w, s, c, jnp.array([n - 1]), h))
+    return {
+        "propose_ms": _median_ms(lambda: propose(weights, state, ctx)),
+        "commit_ms": _median_ms(lambda: commit(weights, state, after, hidden)),
+    }
 
 
 def _ints(text: str) -> list[int]:
@@ -104,30 +144,55 @@ def worker_jspec(setup: dict, args) -> dict:
     target, tokenizer = load_model(setup["target"])
     vocab = target.config.vocab_size
     grid = _ints(args.num_draft)
+    trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] == "eagle3" else []
     out = {"engine": "jspec", "backend": jax.default_backend(), "jax": jax.__version__}
+    head = draft_model = None
+    if setup["method"] == "eagle3":
+        from jspec.eagle import EagleDrafter, load_head
+        from jspec.models.hub import shipped_head
+
+        head = load_head(args.head or shipped_head(setup["target"], "eagle3"), target)
+    elif setup["method"] == "draft":
+        draft_model, _ = load_model(setup["draft"])
+
+    def drafter_for(key):
+        """The drafter of a grid entry: "N=5" or "tree=SPEC"."""
+        kind, value = key.split("=", 1)
+        if head is not None:
+            tree = _tree(value) if kind == "tree" else None
+            return EagleDrafter.from_head(head, 0 if tree else int(value), vocab, tree)
+        if draft_model is None:
+            return PromptLookup(int(value), vocab), ()
+        return DraftModel.from_model(draft_model, int(value), vocab)
+
+    keys = [f"N={n}" for n in grid] + [f"tree={t}" for t in trees]
+    def width(drafter) -> int:
+        """Tokens in one verify forward: a tree's nodes, or the pending token and N drafts."""
+        return getattr(drafter, "num_nodes", None) or drafter.num_draft + 1
+
+    widths = {key: width(drafter_for(key)[0]) for key in keys}
 
     # Costs measured alone.
-    ms = forward_cost(target, max_k=max(grid) + 1, context=256)
+    ms = forward_cost(target, max_k=max(widths.values()), context=256)
     relative = {k: v / ms[1] for k, v in ms.items()}
     costs = {"target_ms": ms, "relative": relative}
-    draft_model = None
-    if setup["method"] == "draft":
-        draft_model, _ = load_model(setup["draft"])
+    if draft_model is not None:
         dms = forward_cost(draft_model, max_k=2, context=256)
         costs |= {"draft_ms": dms, "c": dms[1] / ms[1], "draft_r2": dms[2] / dms[1]}
+    elif head is not None:
+        costs |= {"head_ms": {key: _drafter_ms(target, *drafter_for(key)) for key in keys}}
     else:
         lookup = {n: _lookup_ms(PromptLookup(n, vocab), vocab) for n in grid}
         costs |= {"lookup_ms": lookup}
     out["costs"] = costs
     print(f"  costs: {json.dumps(costs)}", file=sys.stderr)
 
-    def drafter_for(n):
-        if draft_model is None:
-            return PromptLookup(n, vocab), ()
-        return DraftModel.from_model(draft_model, n, vocab)
-
-    def units(n):
+    def units(key):
         """(draft units per verify step, units per plain step, prefill units) in target steps."""
+        n = int(key[2:]) if key.startswith("N=") else 0
+        if head is not None:  # the head's propose and commit per step; its prefill rides on the target's
+            h = costs["head_ms"][key]
+            return (h["propose_ms"] + h["commit_ms"]) / ms[1], 0.0, 0.0
         if draft_model is None:
             u = costs["lookup_ms"][n] / ms[1]
             return u, u, 0.0
@@ -145,9 +210,9 @@ def worker_jspec(setup: dict, args) -> dict:
         gc.collect()
         plain = Decoder(target, eos)
         decoders = {"ar": plain}
-        for n in grid:
-            drafter, weights = drafter_for(n)
-            decoders[f"N={n}"] = SpeculativeDecoder(target, drafter, weights, eos)
+        for key in keys:
+            drafter, weights = drafter_for(key)
+            decoders[key] = SpeculativeDecoder(target, drafter, weights, eos)
         # Prefill alone: a one-token generation per prompt.
         prefill = run_prompts(plain, prompt_ids, 1, SamplingParams.greedy())
         for t in _floats(args.temperatures):
@@ -161,16 +226,24 @@ def worker_jspec(setup: dict, args) -> dict:
             results[f"{name}|T={t}|ar"] = ar
             print(f"  {name} T={t} ar: {ar['tokens_per_s']:.2f} tokens/s, step {ar['step_ms']:.1f} ms", file=sys.stderr)
             for key, e in runs.items():
-                n = int(key[2:])
-                du, pu, fu = units(n)
-                pred = predicted_seconds(e, ar["step_ms"] / 1000, ar["prefill_seconds"], relative, du, pu, fu)
-                e["num_draft"] = n
+                du, pu, fu = units(key)
+                step_s = ar["step_ms"] / 1000
+                pred = predicted_seconds(e, step_s, ar["prefill_seconds"], relative, du, pu, fu, widths[key])
+                e["width"] = widths[key]
                 e["speedup"] = e["tokens_per_s"] / ar["tokens_per_s"]
                 e["predicted_seconds"] = pred
                 e["predicted_speedup"] = (e["new_tokens"] / pred) / ar["tokens_per_s"]
-                results[f"{name}|T={t}|N={n}"] = e
+                # Where the time went, from the costs measured alone: drafting, verifying, the rest.
+                e["breakdown_s"] = {
+                    "prefill": ar["prefill_seconds"],
+                    "draft": e["verify_steps"] * du * step_s,
+                    "verify": e["verify_steps"] * relative[widths[key]] * step_s,
+                    "plain_steps": e["plain_steps"] * (1 + pu) * step_s,
+                }
+                e["breakdown_s"]["rest"] = e["seconds"] - sum(e["breakdown_s"].values())
+                results[f"{name}|T={t}|{key}"] = e
                 print(
-                    f"  {name} T={t} N={n}: tau {e['tau']:.2f}, {e['tokens_per_s']:.2f} tokens/s, "
+                    f"  {name} T={t} {key}: tau {e['tau']:.2f}, {e['tokens_per_s']:.2f} tokens/s, "
                     f"speedup {e['speedup']:.2f} (predicted {e['predicted_speedup']:.2f}), "
                     f"plain steps {e['plain_steps']}/{e['plain_steps'] + e['verify_steps']}",
                     file=sys.stderr,
@@ -267,7 +340,8 @@ def _table(setup_name: str, jspec: dict, hf: dict | None) -> str:
             lines.append(f"| {name} | {t[2:]} | plain | 1 | {e['tokens_per_s']:.2f} | 1 | - | {hf_cell} |")
         else:
             lines.append(
-                f"| {name} | {t[2:]} | {n[2:]} | {e['tau']:.2f} | {e['tokens_per_s']:.2f} | {e['speedup']:.2f}x "
+                f"| {name} | {t[2:]} | {n[2:] if n.startswith('N=') else n} | {e['tau']:.2f} | {e['tokens_per_s']:.2f} "
+                f"| {e['speedup']:.2f}x "
                 f"| {e['predicted_speedup']:.2f}x | {hf_cell} |"
             )
     return "\n".join(lines)
@@ -282,6 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--num-draft", default="2,4,6,8")
     parser.add_argument("--hf-num-draft", default="2,4,6,8")
+    parser.add_argument("--trees", default="", help='EAGLE setups: trees, e.g. "2,2,2;dynamic:4:4:16"')
+    parser.add_argument("--head", default=None, help="EAGLE setups: the head folder (default: the shipped one)")
     parser.add_argument("--hf-temperatures", default=None, help="default: --temperatures")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-transformers", action="store_true")
@@ -309,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"args": vars(args) | {"out": str(args.out)}, "setups": {}}
     for name in args.setups.split(","):
         entry = {"jspec": _run_worker("jspec", name, forwarded)}
-        if not args.no_transformers:
+        if not args.no_transformers and SETUPS[name]["method"] != "eagle3":
             entry["transformers"] = _run_worker("transformers", name, forwarded)
         report["setups"][name] = entry
         print(_table(name, entry["jspec"], entry.get("transformers")), flush=True)

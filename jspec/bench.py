@@ -97,6 +97,7 @@ def predicted_seconds(
     draft_units: float,
     plain_units: float = 0.0,
     prefill_units: float = 0.0,
+    width: int | None = None,
 ) -> float:
     """Wall time a speculative run should take if the engine added nothing to the measured costs.
 
@@ -110,8 +111,9 @@ def predicted_seconds(
         (a draft model: c (r_d(2) + N - 1), a catch-up forward then N - 1 steps).
       plain_units: the drafter's cost in a step where it found nothing (prompt lookup's search).
       prefill_units: the drafter's prefill over the target's.
+      width: tokens in one verify forward (a tree's nodes); default N + 1.
     """
     n = len(entry["acceptance_by_position"])
-    verify = entry["verify_steps"] * (relative_cost[n + 1] + draft_units)
+    verify = entry["verify_steps"] * (relative_cost[width or n + 1] + draft_units)
     plain = entry["plain_steps"] * (1.0 + plain_units)
     return prefill_seconds * (1.0 + prefill_units) + step_seconds * (verify + plain)
