@@ -166,6 +166,7 @@ def worker_jspec(setup: dict, args) -> dict:
         return DraftModel.from_model(draft_model, int(value), vocab)
 
     keys = [f"N={n}" for n in grid] + [f"tree={t}" for t in trees]
+
     def width(drafter) -> int:
         """Tokens in one verify forward: a tree's nodes, or the pending token and N drafts."""
         return getattr(drafter, "num_nodes", None) or drafter.num_draft + 1

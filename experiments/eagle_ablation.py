@@ -1,11 +1,12 @@
 """EAGLE ablation: EAGLE-3 with training-time test, EAGLE-3 without (K = 1), EAGLE-1; same data, same steps.
 
     python experiments/eagle_ablation.py --data DIR [--model smollm2-135m] [--steps 1000] [--batch-size 8]
+        [--ttt-steps 7] [--draft-vocab 8192] [--lr 3e-4] [--warmup 50]
         [--prompts mt-bench,humaneval] [--limit 8] [--max-new-tokens 96] [--num-draft 5] [--tiny] [--out DIR]
 
-The training data (``--data``, made by ``jspec train`` or made here once) is
-shared by the three heads; each trains for the same number of steps with the
-same optimizer settings, then drafts a chain of ``--num-draft`` tokens at
+The training data (``--data``, made by ``jspec train`` or made here once; its
+recipe is read from its ``meta.json``) is shared by the three heads; each
+trains for the same number of steps with the same optimizer settings, then drafts a chain of ``--num-draft`` tokens at
 temperature 0 and 1 on held-out MT-bench and HumanEval prompts. Reports τ and
 acceptance by position per head; writes ``eagle_ablation.json`` to --out.
 """
@@ -19,7 +20,7 @@ import pathlib
 import sys
 
 VARIANTS = {
-    "eagle3-ttt": {"kind": "eagle3", "num_steps": 7},
+    "eagle3-ttt": {"kind": "eagle3", "num_steps": None},  # --ttt-steps
     "eagle3-no-ttt": {"kind": "eagle3", "num_steps": 1},
     "eagle1": {"kind": "eagle1", "num_steps": 1},
 }
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=pathlib.Path, required=True, help="training data folder (made once)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 with TTT: steps (the others use 1)")
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--prompts", default="mt-bench,humaneval")
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -50,9 +55,15 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(args.model)
     base = Recipe.tiny() if args.tiny else Recipe()
     if not args.tiny:
-        base = dataclasses.replace(
-            base, train=dataclasses.replace(base.train, total_steps=args.steps, batch_size=args.batch_size)
-        )
+        train = dataclasses.replace(base.train, total_steps=args.steps, batch_size=args.batch_size,
+                                    learning_rate=args.lr, warmup_steps=args.warmup)  # fmt: skip
+        base = dataclasses.replace(base, draft_vocab=args.draft_vocab, train=train)
+        meta_path = args.data / "meta.json"
+        if meta_path.exists():  # the data's own recipe, so that it is reused rather than refused
+            meta = json.loads(meta_path.read_text())
+            base = dataclasses.replace(base, num_prompts=meta["num_prompts"], seq_len=meta["seq_len"],
+                                       max_new_tokens=meta["max_new_tokens"],
+                                       gen_temperature=meta["gen_temperature"])  # fmt: skip
     limit = 1 if args.tiny else args.limit
     ids = {}
     for name in args.prompts.split(","):
@@ -63,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
         ids[name] = [tokenizer.encode(c) for c in chats]
     report = {"args": vars(args) | {"data": str(args.data), "out": str(args.out)}, "variants": {}}
     for variant, spec in VARIANTS.items():
-        steps = min(spec["num_steps"], base.train.num_steps) if args.tiny else spec["num_steps"]
+        want = spec["num_steps"] or args.ttt_steps
+        steps = min(want, base.train.num_steps) if args.tiny else want
         recipe = dataclasses.replace(base, kind=spec["kind"], train=dataclasses.replace(base.train, num_steps=steps))
         head, train_report = train_head(model, tokenizer, recipe, args.out / "heads" / variant, model_name=args.model,
                                         data_dir=args.data, progress=sys.stderr.isatty())  # fmt: skip
