@@ -21,8 +21,10 @@ demo: setup
 	$(BIN)/jspec fetch smollm2-135m
 	$(BIN)/jspec generate --model smollm2-135m --chat --max-new-tokens 96 \
 		--prompt "Explain in three sentences why speculative decoding can be exact."
-	$(BIN)/jspec bench --model smollm2-135m --methods ar,ngram --prompts humaneval --limit 2 \
-		--max-new-tokens 96 --num-draft 3
+	$(BIN)/jspec generate --model smollm2-135m --chat --max-new-tokens 96 --method eagle3 --num-draft 5 \
+		--prompt "Explain in three sentences why speculative decoding can be exact."
+	$(BIN)/jspec bench --model smollm2-135m --methods ar,ngram,eagle3 --prompts mt-bench --limit 2 \
+		--max-new-tokens 96 --num-draft 5
 
 test: setup
 	$(BIN)/ruff check .

@@ -155,13 +155,24 @@ def _tree(args):
 
 
 def _check_tree_method(args, methods) -> None:
-    """Trees are drafted by EAGLE heads so far; say so before any model is loaded."""
-    _tree(args)
-    if getattr(args, "tree", "chain") != "chain":
-        others = [m for m in methods if m not in ("ar", "eagle3", "eagle1")]
-        if others:
-            raise ValueError(f"--tree {args.tree} is implemented for eagle3 and eagle1 only, not {', '.join(others)}; "
-                             "use --tree chain for those methods.")  # fmt: skip
+    """Which methods draft which trees; said before any model is loaded."""
+    tree = _tree(args)
+    if tree is None:
+        return
+    if "draft" in methods:
+        raise ValueError(f"--tree {args.tree} is not implemented for the draft model yet; use --tree chain with it.")
+    if "ngram" in methods and _lookup_paths(tree) is None:
+        raise ValueError(f"prompt lookup drafts trees of several continuations, --tree M,1,...,1 (M paths of "
+                         f"equal depth); got --tree {args.tree}.")  # fmt: skip
+
+
+def _lookup_paths(tree) -> int | None:
+    """M for a static tree shaped M,1,...,1 (prompt lookup's tree of M continuations), else None."""
+    from jspec.tree import StaticTree
+
+    if isinstance(tree, StaticTree) and tree.branching and all(b == 1 for b in tree.branching[1:]):
+        return tree.branching[0]
+    return None
 
 
 def _decoder(method, args, model, tokenizer):
@@ -174,7 +185,9 @@ def _decoder(method, args, model, tokenizer):
     if method == "ar":
         return Decoder(model, tokenizer.eos_token_ids)
     if method == "ngram":
-        drafter, weights = PromptLookup(args.num_draft, model.config.vocab_size), ()
+        tree = _tree(args)
+        num_draft, paths = (args.num_draft, 1) if tree is None else (tree.max_depth, _lookup_paths(tree))
+        drafter, weights = PromptLookup(num_draft, model.config.vocab_size, num_paths=paths), ()
     elif method in ("eagle3", "eagle1"):
         from jspec.eagle import EagleDrafter, load_head
         from jspec.models.hub import shipped_head
@@ -211,8 +224,9 @@ def _cmd_generate(args) -> int:
         print(json.dumps({"text": completion, "tokens": new, "stats": stats}))
     else:
         print(completion)
+        tau = f", tau {result.tau:.2f}" if hasattr(result, "tau") else ""
         print(
-            f"[{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s; "
+            f"[{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
             f"compile {result.compile_seconds:.1f} s]",
             file=sys.stderr,
         )

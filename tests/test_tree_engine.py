@@ -119,3 +119,25 @@ def test_tree_options_are_checked(target):
         DynamicTreeSpec(top_k=2, depth=2, total=8)
     with pytest.raises(ValueError, match="from_branching"):
         EagleDrafter.from_head(_head(target), 0, V, tree=StaticTree((0, 0, 1)))
+
+
+def test_prompt_lookup_tree_holds_continuations_with_different_first_tokens():
+    from jspec.drafters import PromptLookup
+
+    lookup = PromptLookup(3, V, num_paths=3)
+    history = jnp.asarray([1, 2, 3, 1, 2, 4, 1, 2] + [0] * 8)
+    tokens, used = lookup._tree_row(history, jnp.int32(8))
+    # "1 2" ended at 4 and at 1: the later match first; no third continuation with a new first token.
+    np.testing.assert_array_equal(np.asarray(tokens[:2]), [[4, 1, 2], [3, 1, 2]])
+    np.testing.assert_array_equal(np.asarray(used), [[True] * 3, [True] * 3, [False] * 3])
+    assert lookup.num_nodes == 10
+
+
+def test_prompt_lookup_tree_greedy_equals_plain_greedy(target):
+    from jspec.drafters import PromptLookup
+
+    prompts = [[5, 6, 7, 5, 6, 8, 5, 6, 7, 5, 6], [11, 12, 13, 11, 12, 14, 11, 12]]
+    plain = Decoder(target).generate(prompts, 24).tokens
+    got = SpeculativeDecoder(target, PromptLookup(3, V, num_paths=3)).generate(prompts, 24)
+    assert got.tokens == plain
+    assert got.verify_steps > 0
