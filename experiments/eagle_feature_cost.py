@@ -1,0 +1,103 @@
+"""Cached or recomputed target features for EAGLE training: which is faster here.
+
+    python experiments/eagle_feature_cost.py --data DIR [--model smollm2-135m] [--batch-size 8] [--repeats 5]
+
+Training needs, per batch, the target's hidden states at the head's feature
+layers and at the top layer. They can be stored once with the data (what
+``jspec train`` does: float16 shards) or recomputed by a target forward at
+every step. This times both ways of getting one batch — gathering it from the
+stored arrays and putting it on the device, or one jitted target forward over
+the batch's tokens — beside one training step of the head on that batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def _median(fn, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--ttt-steps", type=int, default=5)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.eagle_data import load_shards
+    from jspec.models.hub import load_model
+    from jspec.train_eagle import TrainConfig, Trainer, batch_order
+
+    model, _ = load_model(args.model)
+    t0 = time.perf_counter()
+    data, meta = load_shards(args.data)
+    load_s = time.perf_counter() - t0
+    n = len(data["tokens"])
+    layers = (*meta["feature_layers"], model.config.num_layers - 1)
+    idx = np.sort(batch_order(n, args.batch_size, 0, 0))
+
+    def cached():
+        return {k: jnp.asarray(data[k][idx]) for k in ("tokens", "mask", "features", "top")}
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def recompute(state, tokens):
+        b, t = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        out = nnx.merge(graphdef, state)(tokens, positions, model.init_cache(b, t), hidden_layers=layers)
+        return [h.astype(jnp.float16) for h in out.hidden_states]
+
+    tokens = jnp.asarray(data["tokens"][idx])
+    cached_s = _median(cached, args.repeats)
+    recompute_s = _median(lambda: recompute(state, tokens), args.repeats)
+
+    config = HeadConfig.for_target(model.config, "eagle3", args.draft_vocab)
+    head = DraftHead(config, rngs=nnx.Rngs(0))
+    d2t = draft_vocabulary(data["counts"], args.draft_vocab)
+    head.attach_target(model, d2t)
+    rows = model.output_weights()[jnp.asarray(d2t)]  # as jspec.train_eagle.train_head does
+    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
+    trainer = Trainer(head, model.final_norm[...], rows, model.config.rms_eps, train)
+    trainer.fit(data, until=1)
+    t0 = time.perf_counter()
+    trainer.fit(data, until=1 + args.repeats)
+    step_s = (time.perf_counter() - t0) / args.repeats
+
+    report = {
+        "examples": n,
+        "batch": [args.batch_size, int(data["tokens"].shape[1])],
+        "stored_bytes_per_example": int(sum(data[k][0].nbytes for k in ("tokens", "mask", "features", "top"))),
+        "load_all_seconds": load_s,
+        "cached_batch_seconds": cached_s,
+        "recompute_batch_seconds": recompute_s,
+        "train_step_seconds": step_s,
+        "recompute_over_step": recompute_s / step_s,
+    }
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
