@@ -14,19 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import sys
 import time
-
-
-def _median(fn, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -39,13 +29,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from bench_spec import _median_ms
+
     from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
-    from jspec.eagle_data import load_shards
+    from jspec.eagle_data import feature_forward, load_shards
     from jspec.models.hub import load_model
     from jspec.train_eagle import TrainConfig, Trainer, batch_order
 
@@ -60,18 +52,10 @@ def main(argv: list[str] | None = None) -> dict:
     def cached():
         return {k: jnp.asarray(data[k][idx]) for k in ("tokens", "mask", "features", "top")}
 
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def recompute(state, tokens):
-        b, t = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        out = nnx.merge(graphdef, state)(tokens, positions, model.init_cache(b, t), hidden_layers=layers)
-        return [h.astype(jnp.float16) for h in out.hidden_states]
-
+    recompute, state = feature_forward(model, layers)  # what data generation runs
     tokens = jnp.asarray(data["tokens"][idx])
-    cached_s = _median(cached, args.repeats)
-    recompute_s = _median(lambda: recompute(state, tokens), args.repeats)
+    cached_s = _median_ms(cached, args.repeats) / 1000
+    recompute_s = _median_ms(lambda: recompute(state, tokens), args.repeats) / 1000
 
     config = HeadConfig.for_target(model.config, "eagle3", args.draft_vocab)
     head = DraftHead(config, rngs=nnx.Rngs(0))

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["fitting_prompts", "generate_examples", "load_shards", "stdlib_prompts", "write_shards"]
+__all__ = ["feature_forward", "fitting_prompts", "generate_examples", "load_shards", "stdlib_prompts", "write_shards"]
 
 _TEMPLATES = (
     "Write a Python function `{name}{args}` that does the following:\n\n{doc}",
@@ -79,6 +79,20 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
     return prompts if limit is None else prompts[:limit]
 
 
+def feature_forward(model, layers: tuple[int, ...]):
+    """(jitted fn(state, tokens int32[B, T]) -> float16 hidden states at ``layers``, the model's state)."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def hidden(state, tokens):
+        b, t = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        out = nnx.merge(graphdef, state)(tokens, positions, model.init_cache(b, t), hidden_layers=layers)
+        return [h.astype(jnp.float16) for h in out.hidden_states]
+
+    return hidden, state
+
+
 def fitting_prompts(tokenizer, prompts: list[str], max_len: int, limit: int | None = None) -> list[list[int]]:
     """The chat-templated token ids of the first ``limit`` prompts that are at most ``max_len`` tokens long."""
     out = []
@@ -109,14 +123,7 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     layers = (*feature_layers, c.num_layers - 1)
     decoder = Decoder(model, tokenizer.eos_token_ids)
     sampling = SamplingParams.create(temperature)
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def hidden(state, tokens):
-        b, t = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        out = nnx.merge(graphdef, state)(tokens, positions, model.init_cache(b, t), hidden_layers=layers)
-        return [h.astype(jnp.float16) for h in out.hidden_states]
+    hidden, state = feature_forward(model, layers)
 
     out = {"tokens": [], "mask": [], "features": [], "top": []}
     counts = np.zeros(c.vocab_size, np.int64)
