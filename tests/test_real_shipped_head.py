@@ -45,7 +45,13 @@ def test_greedy_with_the_shipped_head_equals_plain_greedy(head_and_model, tree):
 
 @pytest.mark.slow
 def test_dynamic_tree_at_temperature_one_matches_plain_sampling(head_and_model):
-    """Tokens 2-4 of 600 rows decoded with a small static tree against 600 plain rows, chi-square."""
+    """Tokens 2-4 of 600 rows decoded with a small static tree against 600 plain rows, chi-square.
+
+    Passed on 2026-11-30 (252 s). The negative control (a verifier that draws the correction
+    from q instead of the residual) is asserted on toy chains in test_tree.py; here, on this
+    prompt and size, it gave p = 0.076 (2026-11-30), so it is not asserted: too few rejections
+    that the residual changes to expose it with 600 rows.
+    """
     head, model, tok = head_and_model
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Name a color."}]))
     rows, params = 600, SamplingParams.create(temperature=1.0)
