@@ -40,7 +40,7 @@ from jspec.cache import KVCache
 from jspec.drafters import Context, Proposal, TreeProposal
 from jspec.models.llama import apply_rope, attention, linear, rms_norm
 from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import StaticTree, grow_dynamic_tree, grow_static_tree
+from jspec.tree import StaticTree, grow_dynamic_tree, grow_static_tree, tree_attention_mask
 
 __all__ = [
     "KINDS", "DraftHead", "DynamicTreeSpec", "EagleDrafter", "Frozen", "HeadConfig",
@@ -371,10 +371,7 @@ class EagleDrafter:
             feature = jnp.take_along_axis(h_prev, parent_slot[:, :, None], axis=1)
             own = jax.nn.one_hot(offset + jnp.arange(f), width, dtype=bool)  # [F, W]
             ancestors = jnp.take_along_axis(ancestors, parent_slot[:, :, None], axis=1) | own[None]
-            rel = jnp.arange(capacity)[None, :] - base[:, None]  # [B, S]
-            idx = jnp.broadcast_to(jnp.clip(rel, 0, width - 1)[:, None, :], (b, f, capacity))
-            sees = jnp.take_along_axis(ancestors, idx, axis=2) & ((rel >= 0) & (rel < width))[:, None, :]
-            mask = (rel < 0)[:, None, :] | sees
+            mask = tree_attention_mask(base, ancestors, capacity)  # committed pairs + own ancestors
             positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, f))
             h, cache = head(d2t[tokens], feature, positions, cache, mask)
             return jax.nn.log_softmax(head.logits(h), axis=-1), (cache, ancestors, h)

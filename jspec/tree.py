@@ -206,10 +206,14 @@ def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth
     init = (jnp.int32(0), target_probs[0], jnp.bool_(False), jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
     (_, q, _, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
     # q is now the residual at the node where the walk stopped, or the leaf's target distribution.
-    nxt = sample(sample_key, q)
+    return _verdict(tokens, path, num_acc, sample(sample_key, q), max_depth)
+
+
+def _verdict(tokens, path, num_acc, next_token, max_depth: int) -> TreeVerdict:
+    """The accepted path's tokens followed by the correction or bonus token."""
     slots = jnp.arange(max_depth + 1)
     out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], 0)
-    out = jnp.where(slots == num_acc, nxt, out).astype(jnp.int32)
+    out = jnp.where(slots == num_acc, next_token, out).astype(jnp.int32)
     return TreeVerdict(path, num_acc, out, num_acc + 1)
 
 
@@ -255,10 +259,7 @@ def _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_dep
     resid = jnp.where(tried, 0.0, target_probs[node])
     total = resid.sum()
     nxt = sample(sample_key, jnp.where(total > 0, resid / jnp.where(total > 0, total, 1.0), target_probs[node]))
-    slots = jnp.arange(max_depth + 1)
-    out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], 0)
-    out = jnp.where(slots == num_acc, nxt, out).astype(jnp.int32)
-    return TreeVerdict(path, num_acc, out, num_acc + 1)
+    return _verdict(tokens, path, num_acc, nxt, max_depth)
 
 
 def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, max_depth: int) -> TreeVerdict:
@@ -414,10 +415,11 @@ def tree_attention_mask(cache_lengths, ancestors, capacity: int):
 
     Args:
       cache_lengths: int32[B], committed slots per row.
-      ancestors: bool[B, T, T] from :func:`ancestor_mask`.
+      ancestors: bool[B, T, W] from :func:`ancestor_mask` (W = T), or any [B, T, W] map of which
+        of the W slots after the committed ones each new token sees.
       capacity: S, static.
     """
-    t = ancestors.shape[-1]
+    t = ancestors.shape[-1]  # W
     rel = jnp.arange(capacity)[None, :] - cache_lengths[:, None]  # [B, S]
     in_tree = (rel >= 0) & (rel < t)
     idx = jnp.broadcast_to(jnp.clip(rel, 0, t - 1)[:, None, :], (*ancestors.shape[:2], capacity))
