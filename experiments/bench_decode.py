@@ -14,7 +14,10 @@ For each model and batch size it measures, each engine in its own subprocess
   loop (the choice per backend lives in ``layer_loop_for_backend``);
 * the memory-bandwidth roofline: bytes of weights read per step over the read
   bandwidth this script measures (a jitted sum over a 1 GiB array), and the
-  fraction of it each engine reaches.
+  fraction of it each engine reaches, end to end and, for jspec, over the decode
+  phase alone (the run minus a prefill-only run of the same prompts): the
+  roofline bounds a decode step, which reads every weight once; the prefill is a
+  compute-bound forward over the whole prompt.
 
 Every row generates exactly ``--max-new-tokens`` tokens (end-of-sequence is
 ignored by both engines) so both do the same work.
@@ -77,6 +80,11 @@ def worker_jspec(model_name: str, batches: list[int], max_new: int) -> dict:
         prompts = _chat_ids(tok.encode, template, b)
         first = decoder.generate(prompts, max_new)
         best = min((decoder.generate(prompts, max_new) for _ in range(2)), key=lambda r: r.seconds)
+        # The decode phase alone: the same prompts with a budget of one token are the
+        # prefill (and its first token); the rest of the run is max_new - 1 decode steps.
+        decoder.generate(prompts, 1)
+        prefill_s = min(decoder.generate(prompts, 1).seconds for _ in range(3))
+        decode_steps_per_s = (max_new - 1) / max(best.seconds - prefill_s, 1e-9)
         out["runs"].append(
             {
                 "batch": b,
@@ -84,6 +92,8 @@ def worker_jspec(model_name: str, batches: list[int], max_new: int) -> dict:
                 "seconds": best.seconds,
                 "tokens_per_s": best.tokens_per_s,
                 "compile_seconds": first.compile_seconds,
+                "prefill_seconds": prefill_s,
+                "decode_steps_per_s": decode_steps_per_s,
             }
         )
         print(f"  jspec {model_name} batch {b}: {best.tokens_per_s:.2f} tokens/s", file=sys.stderr)
@@ -188,8 +198,10 @@ def measure_gemv_bandwidth(gib: float = 0.5) -> float:
 
     cols = 1024
     w = jnp.ones((int(gib * (1 << 30)) // 4 // cols, cols), jnp.float32)
-    x = jnp.ones((1, w.shape[0]), jnp.float32)
-    gemv = jax.jit(lambda x, w: x @ w)
+    x = jnp.ones((1, cols), jnp.float32)
+    from jspec.models.llama import linear
+
+    gemv = jax.jit(lambda x, w: linear(x, w))  # the model's own layout: w [out, in]
     gemv(x, w).block_until_ready()
     times = []
     for _ in range(5):
@@ -254,6 +266,11 @@ def main(argv: list[str] | None = None) -> dict:
         steps = entry["jspec"]["one_step"]
         cells = [f"{loop} {v['step_ms']:.1f} ms (compile {v['compile_seconds']:.1f} s)" for loop, v in steps.items()]
         print("  one decode step (warm cache, batch 1): " + ", ".join(cells))
+        for run in entry["jspec"]["runs"]:
+            frac = run["decode_steps_per_s"] / entry["roofline_steps_per_s"]
+            run["decode_fraction_of_roofline"] = frac
+            print(f"  jspec batch {run['batch']} decode phase alone (prefill {1000 * run['prefill_seconds']:.0f} ms "
+                  f"taken out): {run['decode_steps_per_s']:.2f} steps/s, {frac:.0%} of the roofline")  # fmt: skip
         print(f"  {'engine':<13} {'batch':>5} {'tokens/s':>9} {'of roofline':>12} {'compile s':>10} {'peak MB':>8}")
         for engine in ("jspec", "transformers"):
             if engine not in entry:

@@ -156,11 +156,14 @@ def _tree(args):
 
 def _check_tree_method(args, methods) -> None:
     """Which methods draft which trees; said before any model is loaded."""
+    from jspec.tree import StaticTree
+
     tree = _tree(args)
     if tree is None:
         return
-    if "draft" in methods:
-        raise ValueError(f"--tree {args.tree} is not implemented for the draft model yet; use --tree chain with it.")
+    if "draft" in methods and not isinstance(tree, StaticTree):
+        raise ValueError(f"the draft model drafts static trees (--tree 2,2,2 or another branching list) or chains; "
+                         f"got --tree {args.tree}.")  # fmt: skip
     if "ngram" in methods and _lookup_paths(tree) is None:
         raise ValueError(f"prompt lookup drafts trees of several continuations, --tree M,1,...,1 (M paths of "
                          f"equal depth); got --tree {args.tree}.")  # fmt: skip
@@ -196,7 +199,7 @@ def _decoder(method, args, model, tokenizer):
         drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size, _tree(args))
     else:
         draft, _ = load_model(args.draft_model)
-        drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size)
+        drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size, _tree(args))
     return SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
 
 

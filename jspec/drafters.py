@@ -32,6 +32,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, probs_from_logits, sample
@@ -205,6 +206,7 @@ class PromptLookup:
 class _DraftModelState:
     cache: object  # the draft model's KVCache
     pending: jax.Array  # int32[B]: a token accepted last step that the draft model has not seen, or -1
+    tree_tokens: jax.Array | None = None  # int32[B, T]: a tree drafter's last tree, read back at commit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,21 +221,35 @@ class DraftModel:
     graphdef: nnx.GraphDef
     num_draft: int
     vocab_size: int
+    tree: object = None  # a StaticTree from StaticTree.from_branching, or None for a chain
     hidden_layers = ()
 
     @classmethod
-    def from_model(cls, model: nnx.Module, num_draft: int, target_vocab_size: int):
-        """(drafter, weights). Raises ValueError when the vocabularies differ."""
+    def from_model(cls, model: nnx.Module, num_draft: int, target_vocab_size: int, tree=None):
+        """(drafter, weights). Raises ValueError when the vocabularies differ.
+
+        With ``tree`` (a :class:`jspec.tree.StaticTree` made by ``from_branching``,
+        e.g. [2, 2, 2]) every node's children are the model's most likely tokens
+        after it, and ``num_draft`` is the tree's depth.
+        """
         vocab = model.config.vocab_size
         if vocab != target_vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({vocab}) differs from the target's ({target_vocab_size}); "
                 "a draft model must share the target's tokenizer."
             )
+        if tree is not None:
+            if getattr(tree, "branching", None) is None:
+                raise ValueError("a draft model drafts static trees made by StaticTree.from_branching (e.g. 2,2,2).")
+            num_draft = tree.max_depth
         if num_draft < 1:
             raise ValueError(f"num_draft must be >= 1; got {num_draft}.")
         graphdef, weights = nnx.split(model)
-        return cls(graphdef, num_draft, vocab), weights
+        return cls(graphdef, num_draft, vocab, tree), weights
+
+    @property
+    def num_nodes(self) -> int | None:
+        return None if self.tree is None else self.tree.size
 
     def init(self, weights, prompts, ctx, capacity, sampling, hidden):
         model = nnx.merge(self.graphdef, weights)
@@ -243,7 +259,8 @@ class DraftModel:
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         # The same prompt the target prefilled; the target's first sample is the pending token.
         out = model(prompts, positions, cache, num_new=lengths, logit_index=lengths - 1)
-        return _DraftModelState(out.cache, jnp.full((b,), -1, jnp.int32))
+        tree_tokens = None if self.tree is None else jnp.zeros((b, self.tree.size), jnp.int32)
+        return _DraftModelState(out.cache, jnp.full((b,), -1, jnp.int32), tree_tokens)
 
     def propose(self, weights, state: _DraftModelState, ctx: Context, key, sampling: SamplingParams):
         model = nnx.merge(self.graphdef, weights)
@@ -267,6 +284,8 @@ class DraftModel:
             return out.logits[:, 0], out.cache
 
         logits0, cache = jax.lax.cond(jnp.any(has_pending), catch_up, one_token, cache)
+        if self.tree is not None:
+            return self._propose_tree(model, cache, ctx, logits0, state.pending)
         probs0 = probs_from_logits(logits0, sampling)
         tok0 = sample(jax.random.fold_in(key, 0), probs0)
 
@@ -281,7 +300,62 @@ class DraftModel:
         tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)
         probs = jnp.concatenate([probs0[:, None], jnp.moveaxis(probs, 0, 1)], axis=1)
         proposal = Proposal(tokens.astype(jnp.int32), probs, jnp.ones((b,), bool))
-        return proposal, _DraftModelState(cache, state.pending)
+        return proposal, _DraftModelState(cache, state.pending, state.tree_tokens)
+
+    def _propose_tree(self, model, cache, ctx: Context, logits0, pending):
+        """The static tree filled with the model's top choices (deterministic children: ``probs`` None).
+
+        The pending token sits in the cache at ``ctx.cache_length``; every node above the last
+        depth is fed once, in node order, to the slots after it (node i at ``ctx.cache_length + i``),
+        each seeing the committed text and its own ancestors.
+        """
+        from jspec.tree import grow_static_tree, tree_attention_mask
+
+        branching = list(self.tree.branching)
+        fed = self.tree.size - 1 - int(np.prod(branching))  # nodes above the last depth
+        b = ctx.history.shape[0]
+        base = cache.lengths  # the first slot after the pending token
+
+        def expand(carry, tokens, parent_slot, d):
+            cache, ancestors, offset = carry
+            f = tokens.shape[1]
+            own = jax.nn.one_hot(offset + jnp.arange(f), fed, dtype=bool)  # [F, W]
+            ancestors = jnp.take_along_axis(ancestors, parent_slot[:, :, None], axis=1) | own[None]
+            mask = tree_attention_mask(base, ancestors, cache.capacity)
+            positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, f))
+            out = model(tokens, positions, cache, mask)
+            return jax.nn.log_softmax(out.logits, axis=-1), (out.cache, ancestors, offset + f)
+
+        carry = (cache, jnp.zeros((b, 1, fed), bool), 0)
+        tree, (cache, _, _) = grow_static_tree(expand, carry, ctx.last, jax.nn.log_softmax(logits0, -1), branching)
+        tokens = tree.tokens.at[:, 0].set(ctx.last)
+        used = jnp.ones_like(tokens, bool)
+        proposal = TreeProposal(tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
+        return proposal, _DraftModelState(cache, pending, tokens)
+
+    def _accepted_path(self, tree_tokens, accepted, num_accepted):
+        """int32[B, D + 1]: the nodes from the root whose tokens are the accepted drafts (siblings differ)."""
+        parents = jnp.asarray(self.tree.arrays()[0])
+        node = jnp.zeros_like(num_accepted)
+        path = [node]
+        for j in range(self.num_draft):
+            match = (parents[None, :] == node[:, None]) & (tree_tokens == accepted[:, j : j + 1])
+            match &= jnp.arange(parents.shape[0])[None, :] > 0
+            node = jnp.where(j < num_accepted, jnp.argmax(match, axis=1), 0)
+            path.append(node)
+        return jnp.stack(path, axis=1)
+
+    def _commit_tree(self, state: _DraftModelState, ctx: Context, num_accepted):
+        """Finds the accepted path by its tokens and moves its cache entries into place."""
+        depth = self.num_draft
+        start = ctx.cache_length - num_accepted - 1  # the old pending token's slot
+        accepted = jnp.take_along_axis(ctx.history, (start + 1)[:, None] + jnp.arange(depth)[None, :], axis=1)
+        path = self._accepted_path(state.tree_tokens, accepted, num_accepted)
+        all_in = num_accepted >= depth  # the leaf was never fed: it becomes the pending token
+        kept = 1 + num_accepted - all_in.astype(jnp.int32)
+        cache = state.cache.commit_path(start, path, kept)
+        pending = jnp.where(all_in, accepted[:, depth - 1], -1)
+        return _DraftModelState(cache, pending, state.tree_tokens)
 
     def commit(self, weights, state: _DraftModelState, ctx: Context, num_accepted, hidden):
         """``ctx`` is the context after the step: the accepted drafts and the new pending token appended.
@@ -291,8 +365,10 @@ class DraftModel:
         drafts were accepted: the last draft was never fed, and becomes the
         next step's catch-up token.
         """
+        if self.tree is not None:
+            return self._commit_tree(state, ctx, num_accepted)
         all_in = num_accepted >= self.num_draft
         lengths = ctx.cache_length - all_in.astype(jnp.int32)
         last_draft = jnp.take_along_axis(ctx.history, jnp.maximum(ctx.length - 2, 0)[:, None], axis=1)[:, 0]
         pending = jnp.where(all_in, last_draft, -1)
-        return _DraftModelState(state.cache.rollback(lengths), pending)
+        return _DraftModelState(state.cache.rollback(lengths), pending, state.tree_tokens)

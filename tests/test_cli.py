@@ -100,7 +100,7 @@ def test_generate_bad_input(capsys):
     assert main(["generate", "--method", "ngram", "--tree", "2,2,2", "--prompt", "x"]) == 2
     assert "M,1,...,1" in capsys.readouterr().err
     assert main(["generate", "--method", "draft", "--draft-model", "x", "--tree", "dynamic", "--prompt", "x"]) == 2
-    assert "not implemented for the draft model" in capsys.readouterr().err
+    assert "draft model drafts static trees" in capsys.readouterr().err
     argv = ["generate", "--method", "eagle3", "--tree", "dynamic", "--tree-nodes", "99", "--prompt", "x"]
     assert main(argv) == 2
     assert "total" in capsys.readouterr().err

@@ -31,3 +31,17 @@ def test_bench_spec_tiny(tmp_path, smollm2):
     assert spec["new_tokens"] == results["humaneval|T=0.0|ar"]["new_tokens"] == 8
     assert spec["predicted_speedup"] > 0 and spec["tau"] >= 1.0
     assert (tmp_path / "bench_spec.json").exists()
+
+
+def test_tree_toy_small(tmp_path):
+    result = _load("tree_toy").main(["--vocab", "8", "--trials", "3000", "--mix", "0.6", "--out", str(tmp_path)])
+    row = result["rows"][0]
+    tree = row["sampled [2,2,2]"]
+    # Each call whose path reaches depth 3 ends at exactly one of the 8 leaves.
+    assert len(tree["leaf_rates"]) == 8
+    assert abs(sum(tree["leaf_rates"]) - tree["depth_reached"][2]) < 1e-9
+    # Two sampled children per node accept at least as often as one (same depth, more tries).
+    assert tree["tokens_per_call"] > row["sampled chain 3"]["tokens_per_call"]
+    for cell in (v for k, v in row.items() if isinstance(v, dict) and "tokens_per_call" in v):
+        assert 1.0 <= cell["tokens_per_call"] <= 15.0
+    assert (tmp_path / "tree_toy.json").exists()

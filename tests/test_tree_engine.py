@@ -141,3 +141,62 @@ def test_prompt_lookup_tree_greedy_equals_plain_greedy(target):
     got = SpeculativeDecoder(target, PromptLookup(3, V, num_paths=3)).generate(prompts, 24)
     assert got.tokens == plain
     assert got.verify_steps > 0
+
+
+# ------------------------------------------------------------------ a draft model drafting static trees
+
+
+@pytest.mark.parametrize("same_model", [False, True])
+def test_draft_model_tree_greedy_equals_plain_greedy(target, same_model):
+    from jspec.drafters import DraftModel
+
+    draft = target if same_model else tiny_model("qwen2", seed=1, num_layers=1)
+    drafter, weights = DraftModel.from_model(draft, 0, V, tree=StaticTree.from_branching([2, 2, 2]))
+    assert drafter.num_draft == 3 and drafter.num_nodes == 15
+    got = SpeculativeDecoder(target, drafter, weights).generate(PROMPTS, 24)
+    assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
+    if same_model:  # the model's top choice is the target's greedy token: every path goes to a leaf
+        assert got.acceptance_by_position() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("path", [(2, 6), (2, 6, 14), (1,), ()], ids=str)
+def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkeypatch):
+    """After a tree step, the draft model's cache holds exactly what a fresh prefill of the
+    committed text gives (the accepted nodes' entries moved from their tree slots); a path
+    reaching a leaf leaves the leaf pending. Negative control: keeping the first slots instead."""
+    from jspec.drafters import Context, DraftModel
+    from jspec.sampling import SamplingParams
+
+    draft = tiny_model("qwen2", seed=1, num_layers=2)
+    drafter, weights = DraftModel.from_model(draft, 0, V, tree=StaticTree.from_branching([2, 2, 2]))
+    greedy, prompt, capacity = SamplingParams.greedy(), [11, 12, 13, 14, 15], 40
+
+    def committed_cache():
+        history = jnp.zeros((1, capacity), jnp.int32).at[0, :6].set(jnp.array([*prompt, 40]))
+        ctx = Context(history, jnp.array([6]), jnp.array([5]))  # 40: the pending token
+        state = drafter.init(weights, jnp.array([prompt]), ctx, capacity, greedy, ())
+        proposal, state = drafter.propose(weights, state, ctx, jax.random.PRNGKey(0), greedy)
+        tokens = proposal.tokens[0].tolist()
+        text = [*prompt, 40, *(tokens[i] for i in path), 50]  # 50: the correction or bonus token
+        history = jnp.zeros((1, capacity), jnp.int32).at[0, : len(text)].set(jnp.array(text))
+        ctx = Context(history, jnp.array([len(text)]), jnp.array([len(text) - 1]))
+        state = drafter.commit(weights, state, ctx, jnp.array([len(path)]), ())
+        return state, text
+
+    state, text = committed_cache()
+    fed = text[:-1] if len(path) < 3 else text[:-2]  # a leaf is never fed: it stays pending
+    assert int(state.cache.lengths[0]) == len(fed)
+    assert int(state.pending[0]) == (text[-2] if len(path) == 3 else -1)
+    fresh = draft(jnp.array([fed]), jnp.arange(len(fed))[None], draft.init_cache(1, capacity)).cache
+    n = len(fed)
+    np.testing.assert_allclose(state.cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5)
+    np.testing.assert_allclose(state.cache.v[:, :, :n], fresh.v[:, :, :n], atol=1e-5)
+
+    if path in [(2, 6), (2, 6, 14)]:  # not the first nodes of the tree: a drafter ignoring the path fails
+
+        def contiguous(self, tree_tokens, accepted, num_accepted):
+            return jnp.broadcast_to(jnp.arange(self.num_draft + 1), (accepted.shape[0], self.num_draft + 1))
+
+        monkeypatch.setattr(DraftModel, "_accepted_path", contiguous)
+        broken, _ = committed_cache()
+        assert not np.allclose(broken.cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5)
