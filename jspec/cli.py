@@ -158,6 +158,8 @@ def _check_tree_method(args, methods) -> None:
     """Which methods draft which trees; said before any model is loaded."""
     from jspec.tree import StaticTree
 
+    if "ngram" in methods and getattr(args, "ngram_min", 1) > getattr(args, "ngram_max", 1):
+        raise ValueError(f"--ngram-min ({args.ngram_min}) must not exceed --ngram-max ({args.ngram_max}).")
     tree = _tree(args)
     if tree is None:
         return
@@ -190,7 +192,8 @@ def _decoder(method, args, model, tokenizer):
     if method == "ngram":
         tree = _tree(args)
         num_draft, paths = (args.num_draft, 1) if tree is None else (tree.max_depth, _lookup_paths(tree))
-        drafter, weights = PromptLookup(num_draft, model.config.vocab_size, num_paths=paths), ()
+        drafter = PromptLookup(num_draft, model.config.vocab_size, args.ngram_max, args.ngram_min, paths)
+        weights = ()
     elif method in ("eagle3", "eagle1"):
         from jspec.eagle import EagleDrafter, load_head
         from jspec.models.hub import shipped_head
@@ -344,6 +347,13 @@ def _evaluate_head(head, model, tokenizer, args) -> dict:
             "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
 
 
+def _add_ngram(p) -> None:
+    p.add_argument("--ngram-min", type=_positive_int, default=2,
+                   help="prompt lookup: the shortest suffix that counts as a match (default 2: a single "
+                        "repeated token drafts too often in vain; BENCHMARKS.md)")  # fmt: skip
+    p.add_argument("--ngram-max", type=_positive_int, default=3, help="prompt lookup: the longest suffix tried first")
+
+
 def _add_tree(p) -> None:
     tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
     p.add_argument("--tree", default="chain", help=tree_help)
@@ -424,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     p.add_argument("--num-draft", type=_positive_int, default=4, help="N, tokens drafted per step")
     _add_tree(p)
+    _add_ngram(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -451,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft", type=_positive_int, default=4)
     p.add_argument("--draft-model", default=None)
     _add_tree(p)
+    _add_ngram(p)
     _add_json(p)
     p.set_defaults(fn=_cmd_bench)
 

@@ -108,7 +108,10 @@ class PromptLookup:
 
     Tries n = max_ngram down to min_ngram and takes the longest suffix that
     occurred before; the draft is what followed it (as far as the text goes).
-    No model, so the drafts are deterministic (one-hot distributions).
+    No model, so the drafts are deterministic (one-hot distributions). The
+    default min_ngram of 2 skips matches of one repeated token: on SmolLM2 and
+    HumanEval they were accepted a third as often as longer ones and made a
+    verify step cost more than it gained (BENCHMARKS.md, prompt lookup n-grams).
 
     With ``num_paths`` > 1 it drafts a tree: the continuations of up to that
     many matches (longer n-grams first, then later ones) whose first tokens
@@ -118,7 +121,7 @@ class PromptLookup:
     num_draft: int
     vocab_size: int
     max_ngram: int = 3
-    min_ngram: int = 1
+    min_ngram: int = 2
     num_paths: int = 1
     hidden_layers = ()
 

@@ -97,6 +97,8 @@ def test_generate_bad_input(capsys):
     assert "temperature" in capsys.readouterr().err
     assert main(["generate", "--method", "eagle3", "--tree", "two", "--prompt", "x"]) == 2
     assert "branching list" in capsys.readouterr().err
+    assert main(["generate", "--method", "ngram", "--ngram-min", "3", "--ngram-max", "2", "--prompt", "x"]) == 2
+    assert "--ngram-min (3) must not exceed --ngram-max (2)" in capsys.readouterr().err
     assert main(["generate", "--method", "ngram", "--tree", "2,2,2", "--prompt", "x"]) == 2
     assert "M,1,...,1" in capsys.readouterr().err
     assert main(["generate", "--method", "draft", "--draft-model", "x", "--tree", "dynamic", "--prompt", "x"]) == 2
