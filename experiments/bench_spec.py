@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -144,7 +145,7 @@ def worker_jspec(setup: dict, args) -> dict:
     target, tokenizer = load_model(setup["target"])
     vocab = target.config.vocab_size
     grid = _ints(args.num_draft)
-    trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] == "eagle3" else []
+    trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] in ("eagle3", "draft") else []
     out = {"engine": "jspec", "backend": jax.default_backend(), "jax": jax.__version__}
     head = draft_model = None
     if setup["method"] == "eagle3":
@@ -163,7 +164,14 @@ def worker_jspec(setup: dict, args) -> dict:
             return EagleDrafter.from_head(head, 0 if tree else int(value), vocab, tree)
         if draft_model is None:
             return PromptLookup(int(value), vocab), ()
+        if kind == "tree":  # static trees only: the draft model's top choices below each node
+            return DraftModel.from_model(draft_model, 0, vocab, _tree(value))
         return DraftModel.from_model(draft_model, int(value), vocab)
+
+    def fed_per_depth(drafter) -> list[int]:
+        """A draft model's tree: the nodes fed at each depth above the last (one forward each)."""
+        b = list(drafter.tree.branching)
+        return [int(math.prod(b[: d + 1])) for d in range(len(b) - 1)]
 
     keys = [f"N={n}" for n in grid] + [f"tree={t}" for t in trees]
 
@@ -178,7 +186,8 @@ def worker_jspec(setup: dict, args) -> dict:
     relative = {k: v / ms[1] for k, v in ms.items()}
     costs = {"target_ms": ms, "relative": relative}
     if draft_model is not None:
-        dms = forward_cost(draft_model, max_k=2, context=256)
+        draft_trees = [fed_per_depth(drafter_for(k)[0]) for k in keys if k.startswith("tree=")]
+        dms = forward_cost(draft_model, max_k=max([2, *(max(f) for f in draft_trees if f)]), context=256)
         costs |= {"draft_ms": dms, "c": dms[1] / ms[1], "draft_r2": dms[2] / dms[1]}
     elif head is not None:
         costs |= {"head_ms": {key: _drafter_ms(target, *drafter_for(key)) for key in keys}}
@@ -198,6 +207,10 @@ def worker_jspec(setup: dict, args) -> dict:
             u = costs["lookup_ms"][n] / ms[1]
             return u, u, 0.0
         c = costs["c"]
+        if key.startswith("tree="):  # the catch-up forward, then one forward per fed depth
+            r_d = {k: v / costs["draft_ms"][1] for k, v in costs["draft_ms"].items()}
+            fed = fed_per_depth(drafter_for(key)[0])
+            return c * (costs["draft_r2"] + sum(r_d[f] for f in fed)), 0.0, c
         return c * (costs["draft_r2"] + n - 1), 0.0, c
 
     ids = _prompt_ids(tokenizer, args.prompts.split(","), args.limit)
@@ -357,11 +370,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--num-draft", default="2,4,6,8")
     parser.add_argument("--hf-num-draft", default="2,4,6,8")
-    parser.add_argument("--trees", default="", help='EAGLE setups: trees, e.g. "2,2,2;dynamic:4:4:16"')
+    parser.add_argument(
+        "--trees",
+        default="",
+        help='EAGLE and draft-model setups: trees, e.g. "2,2,2;dynamic:4:4:16" (the draft model: static trees only)',
+    )
     parser.add_argument("--head", default=None, help="EAGLE setups: the head folder (default: the shipped one)")
     parser.add_argument("--hf-temperatures", default=None, help="default: --temperatures")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--transformers-only",
+        action="store_true",
+        help="only the transformers worker (to complete a grid whose jspec side ran before)",
+    )
     parser.add_argument("--tiny", action="store_true", help="SmolLM2 prompt lookup, 1 prompt, 8 tokens, N = 2")
     parser.add_argument("--worker", choices=["jspec", "transformers"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
@@ -385,11 +407,16 @@ def main(argv: list[str] | None = None) -> dict:
                      "--num-draft", "2"]  # fmt: skip
     report = {"args": vars(args) | {"out": str(args.out)}, "setups": {}}
     for name in args.setups.split(","):
-        entry = {"jspec": _run_worker("jspec", name, forwarded)}
+        entry = {} if args.transformers_only else {"jspec": _run_worker("jspec", name, forwarded)}
         if not args.no_transformers and SETUPS[name]["method"] != "eagle3":
             entry["transformers"] = _run_worker("transformers", name, forwarded)
         report["setups"][name] = entry
-        print(_table(name, entry["jspec"], entry.get("transformers")), flush=True)
+        if "jspec" in entry:
+            print(_table(name, entry["jspec"], entry.get("transformers")), flush=True)
+        else:
+            for key, e in entry["transformers"]["results"].items():
+                cell = f"{e['tokens_per_s']:.2f} tokens/s" if key.endswith("|ar") else f"{e['speedup']:.2f}x"
+                print(f"  transformers {key}: {cell}", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_spec.json").write_text(json.dumps(report, indent=1, default=str))
     return report

@@ -13,6 +13,7 @@ and compared with the critical value for the summed degrees of freedom.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -156,22 +157,24 @@ def two_sample_chi2(counts_a: np.ndarray, counts_b: np.ndarray) -> tuple[float, 
     return float(((table - expected) ** 2 / expected).sum()), int(bins_a.size - 1)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _chunk(verifier: Verifier, p, q, chunk_key):
+    """_CHUNK speculative steps (module level: one compilation per verifier and shape)."""
+
+    def one(step_key):
+        k_draft, k_verify = jax.random.split(step_key)
+        drafts = sample(k_draft, p)  # d_i ~ p_i, independent per position
+        verdict = verifier(drafts, p, q, k_verify)
+        return verdict.tokens, verdict.num_accepted
+
+    return jax.vmap(one)(jax.random.split(chunk_key, _CHUNK))
+
+
 def _simulate(verifier: Verifier, p, q, key, steps: int):
     """Runs ``steps`` speculative steps; returns tokens [steps, N+1], counts [steps]."""
-
-    @jax.jit
-    def chunk(chunk_key):
-        def one(step_key):
-            k_draft, k_verify = jax.random.split(step_key)
-            drafts = sample(k_draft, p)  # d_i ~ p_i, independent per position
-            verdict = verifier(drafts, p, q, k_verify)
-            return verdict.tokens, verdict.num_accepted
-
-        return jax.vmap(one)(jax.random.split(chunk_key, _CHUNK))
-
     tokens, accepted = [], []
     for i in range(-(-steps // _CHUNK)):
-        t, a = chunk(jax.random.fold_in(key, i))
+        t, a = _chunk(verifier, p, q, jax.random.fold_in(key, i))
         tokens.append(np.asarray(t))
         accepted.append(np.asarray(a))
     return np.concatenate(tokens)[:steps], np.concatenate(accepted)[:steps]

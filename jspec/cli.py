@@ -358,8 +358,10 @@ def _add_tree(p) -> None:
     tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
     p.add_argument("--tree", default="chain", help=tree_help)
     p.add_argument("--tree-top-k", type=_positive_int, default=4, help="dynamic tree: children per expanded node")
-    p.add_argument("--tree-depth", type=_positive_int, default=4, help="dynamic tree: depth")
-    p.add_argument("--tree-nodes", type=_positive_int, default=16, help="dynamic tree: nodes kept, root included")
+    # The defaults are the size that ran fastest on a 2-core CPU (BENCHMARKS.md, draft trees);
+    # where a forward over many tokens costs little more than one (a GPU), larger trees pay.
+    p.add_argument("--tree-depth", type=_positive_int, default=3, help="dynamic tree: depth")
+    p.add_argument("--tree-nodes", type=_positive_int, default=8, help="dynamic tree: nodes kept, root included")
 
 
 def _positive_int(text: str) -> int:
