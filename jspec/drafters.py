@@ -331,7 +331,7 @@ class DraftModel:
 
         carry = (cache, jnp.zeros((b, 1, fed), bool), 0)
         tree, (cache, _, _) = grow_static_tree(expand, carry, ctx.last, jax.nn.log_softmax(logits0, -1), branching)
-        tokens = tree.tokens.at[:, 0].set(ctx.last)
+        tokens = tree.tokens  # node 0 is ctx.last, the root it was grown from
         used = jnp.ones_like(tokens, bool)
         proposal = TreeProposal(tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
         return proposal, _DraftModelState(cache, pending, tokens)
