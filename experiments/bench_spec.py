@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import pathlib
 import subprocess
@@ -168,11 +167,6 @@ def worker_jspec(setup: dict, args) -> dict:
             return DraftModel.from_model(draft_model, 0, vocab, _tree(value))
         return DraftModel.from_model(draft_model, int(value), vocab)
 
-    def fed_per_depth(drafter) -> list[int]:
-        """A draft model's tree: the nodes fed at each depth above the last (one forward each)."""
-        b = list(drafter.tree.branching)
-        return [int(math.prod(b[: d + 1])) for d in range(len(b) - 1)]
-
     keys = [f"N={n}" for n in grid] + [f"tree={t}" for t in trees]
 
     def width(drafter) -> int:
@@ -186,7 +180,7 @@ def worker_jspec(setup: dict, args) -> dict:
     relative = {k: v / ms[1] for k, v in ms.items()}
     costs = {"target_ms": ms, "relative": relative}
     if draft_model is not None:
-        draft_trees = [fed_per_depth(drafter_for(k)[0]) for k in keys if k.startswith("tree=")]
+        draft_trees = [drafter_for(k)[0].tree.fed_per_depth for k in keys if k.startswith("tree=")]
         dms = forward_cost(draft_model, max_k=max([2, *(max(f) for f in draft_trees if f)]), context=256)
         costs |= {"draft_ms": dms, "c": dms[1] / ms[1], "draft_r2": dms[2] / dms[1]}
     elif head is not None:
@@ -209,7 +203,7 @@ def worker_jspec(setup: dict, args) -> dict:
         c = costs["c"]
         if key.startswith("tree="):  # the catch-up forward, then one forward per fed depth
             r_d = {k: v / costs["draft_ms"][1] for k, v in costs["draft_ms"].items()}
-            fed = fed_per_depth(drafter_for(key)[0])
+            fed = drafter_for(key)[0].tree.fed_per_depth
             return c * (costs["draft_r2"] + sum(r_d[f] for f in fed)), 0.0, c
         return c * (costs["draft_r2"] + n - 1), 0.0, c
 

@@ -3,12 +3,18 @@
     python experiments/eagle_ablation.py --data DIR [--model smollm2-135m] [--steps 1000] [--batch-size 8]
         [--ttt-steps 7] [--draft-vocab 8192] [--lr 3e-4] [--warmup 50]
         [--prompts mt-bench,humaneval] [--limit 8] [--max-new-tokens 96] [--num-draft 5] [--tiny] [--out DIR]
+        [--trained VARIANT=HEAD_DIR ...]
 
 The training data (``--data``, made by ``jspec train`` or made here once; its
 recipe is read from its ``meta.json``) is shared by the three heads; each
 trains for the same number of steps with the same optimizer settings, then drafts a chain of ``--num-draft`` tokens at
 temperature 0 and 1 on held-out MT-bench and HumanEval prompts. Reports τ and
 acceptance by position per head; writes ``eagle_ablation.json`` to --out.
+
+``--trained eagle3-ttt=models/heads/smollm2-135m-eagle3`` uses a head that was
+already trained instead of training that variant again; it is refused unless
+the recipe in its ``head.json`` (data, vocabulary, every training option but the
+checkpoint interval) is the one this run would train it with.
 """
 
 from __future__ import annotations
@@ -42,10 +48,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-draft", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="the tiny recipe, 2 TTT steps, one prompt per set")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
+    parser.add_argument(
+        "--trained",
+        action="append",
+        default=[],
+        metavar="VARIANT=HEAD_DIR",
+        help="reuse a trained head for a variant when its recipe matches (repeatable)",
+    )
     args = parser.parse_args(argv)
+    trained = {}
+    for item in args.trained:
+        variant, sep, folder = item.partition("=")
+        if not sep or variant not in VARIANTS:
+            parser.error(f"--trained takes VARIANT=HEAD_DIR with VARIANT one of {', '.join(VARIANTS)}; got {item!r}.")
+        if not (pathlib.Path(folder) / "head.json").exists():
+            parser.error(f"--trained {item}: {folder} holds no head.json; pass a folder written by jspec train.")
+        trained[variant] = pathlib.Path(folder)
 
     from jspec.bench import run_prompts
-    from jspec.eagle import EagleDrafter
+    from jspec.eagle import EagleDrafter, load_head
     from jspec.engine import SpeculativeDecoder
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
@@ -77,8 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
         want = spec["num_steps"] or args.ttt_steps
         steps = min(want, base.train.num_steps) if args.tiny else want
         recipe = dataclasses.replace(base, kind=spec["kind"], train=dataclasses.replace(base.train, num_steps=steps))
-        head, train_report = train_head(model, tokenizer, recipe, args.out / "heads" / variant, model_name=args.model,
-                                        data_dir=args.data, progress=sys.stderr.isatty())  # fmt: skip
+        if variant in trained:
+            train_report = _check_recipe(trained[variant], recipe, args.model) | {"reused": str(trained[variant])}
+            head = load_head(trained[variant], model)
+        else:
+            head, train_report = train_head(model, tokenizer, recipe, args.out / "heads" / variant,
+                                            model_name=args.model, data_dir=args.data,
+                                            progress=sys.stderr.isatty())  # fmt: skip
         drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
         decoder = SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
         results = {}
@@ -91,6 +117,32 @@ def main(argv: list[str] | None = None) -> dict:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "eagle_ablation.json").write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _check_recipe(folder: pathlib.Path, recipe, model_name: str) -> dict:
+    """The saved head's training report; raises ValueError when its recipe is not ``recipe``."""
+    saved = json.loads((folder / "head.json").read_text()).get("recipe") or {}
+    want = dataclasses.asdict(recipe) | {"model": model_name}
+    defaults = {f.name: f.default for f in dataclasses.fields(recipe)}  # fields newer than the saved head
+    ignore = {"gen_batch", "report"}  # generation batching does not change greedy responses
+    diff = [
+        f"{k}: saved {saved.get(k)!r}, wanted {v!r}"
+        for k, v in want.items()
+        if k not in ignore and k != "train" and _norm(saved.get(k, defaults.get(k))) != _norm(v)
+    ]
+    diff += [
+        f"train.{k}: saved {(saved.get('train') or {}).get(k)!r}, wanted {v!r}"
+        for k, v in want["train"].items()
+        if k != "checkpoint_every" and (saved.get("train") or {}).get(k) != v
+    ]
+    if diff:
+        raise ValueError(f"the head in {folder} was trained with another recipe ({'; '.join(diff)}); "
+                         "train it here instead (drop --trained) or match the options.")  # fmt: skip
+    return saved.get("report") or {}
+
+
+def _norm(x):
+    return list(x) if isinstance(x, tuple) else x
 
 
 if __name__ == "__main__":

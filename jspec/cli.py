@@ -289,12 +289,19 @@ def _cmd_bench(args) -> int:
 
 def _cmd_train(args) -> int:
     import dataclasses
+    import pathlib
 
     from jspec.models.hub import load_model
     from jspec.train_eagle import Recipe, TrainConfig, train_head
 
+    for folder in args.extra_data:  # checked before the model loads
+        if not (pathlib.Path(folder) / "meta.json").is_file():
+            raise ValueError(f"--extra-data {folder} holds no finished data set (no meta.json); "
+                             "pass a --data folder of an earlier run.")  # fmt: skip
+    if args.init and not (pathlib.Path(args.init) / "head.json").is_file():
+        raise ValueError(f"--init {args.init} holds no saved head (no head.json); pass a folder jspec train wrote.")
     if args.tiny:
-        recipe = Recipe.tiny(args.kind)
+        recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init)
     else:
         warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
         train = TrainConfig(
@@ -306,10 +313,11 @@ def _cmd_train(args) -> int:
         recipe = Recipe(
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
+            prompt_source=args.prompt_source, init_from=args.init,
         )  # fmt: skip
     model, tokenizer = load_model(args.model)
     head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
-                              progress=not args.json, until=args.stop_after)  # fmt: skip
+                              extra_data=args.extra_data, progress=not args.json, until=args.stop_after)  # fmt: skip
     evaluation = None
     if report["steps"] >= recipe.train.total_steps and args.eval_prompts:
         evaluation = _evaluate_head(head, model, tokenizer, args)
@@ -473,7 +481,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", required=True, help="folder for the head, its checkpoints and (by default) its data")
     p.add_argument("--data", default=None, help="training data folder (made there once; default OUT/data)")
-    p.add_argument("--prompts", type=_positive_int, default=2000, help="training prompts (standard-library docs)")
+    p.add_argument("--prompts", type=_positive_int, default=2000, help="training prompts to make")
+    p.add_argument("--prompt-source", choices=["stdlib", "self"], default="stdlib",
+                   help="stdlib: requests built from the standard library's docs; self: user turns written by the "
+                        "target itself (Magpie), none sharing 8 words with an evaluation prompt")  # fmt: skip
+    p.add_argument(
+        "--extra-data",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a data folder made by an earlier run (same model, layers, --seq-len) to train on too",
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="HEAD_DIR",
+        help="start from a saved head (fine-tuning; its draft vocabulary is kept)",
+    )
     p.add_argument("--seq-len", type=_positive_int, default=256)
     p.add_argument("--max-new-tokens", type=_positive_int, default=192, help="response length when regenerating")
     p.add_argument("--gen-batch", type=_positive_int, default=16)

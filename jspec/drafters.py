@@ -32,7 +32,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, probs_from_logits, sample
@@ -315,7 +314,7 @@ class DraftModel:
         from jspec.tree import grow_static_tree, tree_attention_mask
 
         branching = list(self.tree.branching)
-        fed = self.tree.size - 1 - int(np.prod(branching))  # nodes above the last depth
+        fed = sum(self.tree.fed_per_depth)  # nodes above the last depth
         b = ctx.history.shape[0]
         base = cache.lengths  # the first slot after the pending token
 

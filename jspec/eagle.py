@@ -357,7 +357,7 @@ class EagleDrafter:
         tree_spec, d2t = self.tree, head.d2t[...]
         if isinstance(tree_spec, StaticTree):
             branching = _branching(tree_spec)
-            sizes = [int(np.prod(branching[: d + 1])) for d in range(len(branching) - 1)]
+            sizes = list(tree_spec.fed_per_depth)
         else:
             sizes = [tree_spec.top_k] * (tree_spec.depth - 1)
         width = sum(sizes)  # head cache slots for the fed frontiers, one block per depth
@@ -412,8 +412,7 @@ def _frontier_slots(tree) -> int:
     if tree is None:
         return 0
     if isinstance(tree, StaticTree):
-        branching = _branching(tree)
-        return sum(int(np.prod(branching[: d + 1])) for d in range(len(branching) - 1))
+        return sum(tree.fed_per_depth)
     return (tree.depth - 1) * tree.top_k
 
 

@@ -9,6 +9,12 @@ the evaluation sets (MT-bench, HumanEval, Spec-Bench), which are never used
 for training. The target writes the responses itself (as EAGLE-3 does), so
 the head learns the target's own distribution.
 
+Target-written prompts (:func:`self_instruct_prompts`) widen the data beyond
+Python: the target samples the user's turn itself from the chat template's
+text up to where a user message begins (the Magpie recipe), so the prompts
+come from the target's own idea of a conversation. Any prompt that shares a
+run of 8 words with an evaluation prompt is dropped.
+
 Each example is one fixed-length sequence (chat-templated prompt, response,
 padding) with a mask over the response tokens and the target's hidden states
 at the head's feature layers and at its top layer (float16). Examples are
@@ -28,7 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["feature_forward", "fitting_prompts", "generate_examples", "load_shards", "stdlib_prompts", "write_shards"]
+__all__ = [
+    "feature_forward", "fitting_prompts", "generate_examples", "load_shards", "self_instruct_prompts",
+    "stdlib_prompts", "write_shards",
+]  # fmt: skip
 
 _TEMPLATES = (
     "Write a Python function `{name}{args}` that does the following:\n\n{doc}",
@@ -77,6 +86,66 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
     order = rng.permutation(len(prompts))
     prompts = [prompts[i] for i in order]
     return prompts if limit is None else prompts[:limit]
+
+
+def _word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = "".join(ch.lower() if ch.isalnum() else " " for ch in text).split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def evaluation_ngrams(n: int = 8) -> set[tuple[str, ...]]:
+    """The word n-grams of every evaluation prompt (MT-bench, HumanEval, and Spec-Bench when present)."""
+    from jspec.prompts import SPEC_BENCH_DEFAULT, load_prompts
+
+    sources = ["mt-bench", "humaneval"] + (["spec-bench"] if SPEC_BENCH_DEFAULT.is_file() else [])
+    grams = set()
+    for source in sources:
+        for prompt in load_prompts(source):
+            grams |= _word_ngrams(prompt.text, n)
+    return grams
+
+
+def self_instruct_prompts(model, tokenizer, count: int, *, seed: int = 0, max_tokens: int = 64,
+                          batch_size: int = 32, temperature: float = 1.0, top_p: float = 0.95, exclude=None,
+                          progress=None) -> list[str]:  # fmt: skip
+    """``count`` distinct user prompts written by the target (Magpie): sampled from the chat
+    template's text up to the start of a user message, kept when the turn ended within
+    ``max_tokens`` tokens, has at least 4 words, and shares no word 8-gram with ``exclude``
+    (default: every evaluation prompt, :func:`evaluation_ngrams`).
+
+    Deterministic for a given model, seed and batch size. Raises ValueError when the
+    template has no user-message slot or ``count`` prompts are not found in 20 rounds.
+    """
+    from jspec.decode import Decoder
+    from jspec.sampling import SamplingParams
+
+    marker = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
+    if marker not in text:
+        raise ValueError("the tokenizer's chat template has no place for a user message; use the stdlib prompts.")
+    prefix = tokenizer.encode(text.split(marker)[0])
+    exclude = evaluation_ngrams() if exclude is None else exclude
+    decoder = Decoder(model, tokenizer.eos_token_ids)
+    sampling = SamplingParams.create(temperature, top_p=top_p)
+    eos = set(tokenizer.eos_token_ids)
+    kept, seen = [], set()
+    max_rounds = 20 * -(-count // batch_size)
+    for r in range(max_rounds):
+        result = decoder.generate([prefix] * batch_size, max_tokens, sampling, seed=seed * 1_000_003 + r)
+        for ids in result.tokens:
+            if not ids or ids[-1] not in eos:  # cut off: not a whole turn
+                continue
+            prompt = tokenizer.decode(ids).strip()
+            key = " ".join(prompt.lower().split())
+            if len(prompt.split()) < 4 or key in seen or _word_ngrams(prompt, 8) & exclude:
+                continue
+            seen.add(key)
+            kept.append(prompt)
+            if len(kept) == count:
+                return kept
+        if progress is not None:
+            progress(len(kept), None)
+    raise ValueError(f"only {len(kept)} of {count} target-written prompts were usable after {max_rounds} batches.")
 
 
 def feature_forward(model, layers: tuple[int, ...]):

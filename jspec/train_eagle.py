@@ -38,8 +38,8 @@ from jspec.eagle import DraftHead, ttt_mask
 from jspec.models.llama import linear, rms_norm
 
 __all__ = [
-    "Recipe", "TrainConfig", "Trainer", "batch_order", "head_loss", "make_optimizer", "prepare_data", "train_head",
-    "ttt_forward",
+    "PROMPT_SOURCES", "Recipe", "TrainConfig", "Trainer", "batch_order", "head_loss", "load_extra_data",
+    "make_optimizer", "prepare_data", "train_head", "ttt_forward",
 ]  # fmt: skip
 
 
@@ -266,11 +266,18 @@ class Trainer:
 # ---------------------------------------------------------------------- the whole recipe
 
 
+PROMPT_SOURCES = {
+    "stdlib": "Python standard library docstrings and sources (jspec.eagle_data.stdlib_prompts)",
+    "self": "written by the target from its chat template (jspec.eagle_data.self_instruct_prompts, Magpie)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """Everything that decides a trained head besides the target: data, head and training options."""
 
     kind: str = "eagle3"
+    prompt_source: str = "stdlib"  # "stdlib" (standard-library docs) or "self" (written by the target)
     num_prompts: int = 2000
     seq_len: int = 256
     max_new_tokens: int = 192
@@ -279,6 +286,11 @@ class Recipe:
     draft_vocab: int = 8192
     feature_layers: tuple[int, ...] | None = None
     train: TrainConfig = TrainConfig()
+    init_from: str | None = None  # a saved head to start from (its draft vocabulary is kept)
+
+    def __post_init__(self):
+        if self.prompt_source not in PROMPT_SOURCES:
+            raise ValueError(f"unknown prompt source {self.prompt_source!r}; choose from {', '.join(PROMPT_SOURCES)}.")
 
     @classmethod
     def tiny(cls, kind: str = "eagle3") -> Recipe:
@@ -291,36 +303,61 @@ class Recipe:
 def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, progress=None) -> dict:
     """The training set in ``folder``: loaded when a complete one made by the same recipe is there, else made."""
     from jspec.eagle import HeadConfig
-    from jspec.eagle_data import generate_examples, load_shards, stdlib_prompts, write_shards
+    from jspec.eagle_data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
 
     layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
-    want = {"model": model_name, "feature_layers": list(layers), "num_prompts": recipe.num_prompts,
-            "seq_len": recipe.seq_len, "max_new_tokens": recipe.max_new_tokens,
+    want = {"model": model_name, "prompt_source": recipe.prompt_source, "feature_layers": list(layers),
+            "num_prompts": recipe.num_prompts, "seq_len": recipe.seq_len, "max_new_tokens": recipe.max_new_tokens,
             "gen_temperature": recipe.gen_temperature}  # fmt: skip
     folder = pathlib.Path(folder)
     if (folder / "meta.json").exists():
         data, meta = load_shards(folder)
-        if {k: meta.get(k) for k in want} == want:
+        if {k: meta.get(k, "stdlib" if k == "prompt_source" else None) for k in want} == want:
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
     t0 = time.perf_counter()
-    data = generate_examples(target, tokenizer, stdlib_prompts(), layers, seq_len=recipe.seq_len,
+    if recipe.prompt_source == "self":  # 20% spare: some prompts leave too little room for a response
+        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts + recipe.num_prompts // 5 + 8,
+                                        seed=recipe.train.seed)  # fmt: skip
+    else:
+        prompts = stdlib_prompts()
+    data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
                              max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
                              temperature=recipe.gen_temperature, limit=recipe.num_prompts,
                              progress=progress)  # fmt: skip
-    meta = want | {"prompts": "Python standard library docstrings and sources (jspec.eagle_data.stdlib_prompts)",
-                   "seconds": time.perf_counter() - t0}  # fmt: skip
+    meta = want | {"prompts": PROMPT_SOURCES[recipe.prompt_source], "seconds": time.perf_counter() - t0}
     write_shards(data, folder, meta)
     return data
 
 
-def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, data_dir=None, progress: bool = True,
-               until: int | None = None) -> tuple[DraftHead, dict]:  # fmt: skip
+def load_extra_data(folders, data: dict, meta_keys: dict) -> tuple[dict, list[dict]]:
+    """``data`` joined with the prepared data sets in ``folders`` (made by earlier runs for the same
+    model, feature layers and sequence length; refused otherwise). Returns (data, their metas)."""
+    from jspec.eagle_data import load_shards
+
+    parts, metas = [data], []
+    for folder in folders:
+        extra, meta = load_shards(pathlib.Path(folder))
+        wrong = {k: meta.get(k) for k, v in meta_keys.items() if meta.get(k) != v}
+        if wrong:
+            raise ValueError(f"--extra-data {folder} was made for {wrong}, not {meta_keys}; it cannot join this data.")
+        parts.append(extra)
+        metas.append({k: v for k, v in meta.items() if k != "shards"} | {"folder": str(folder)})
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in ("tokens", "mask", "features", "top")}
+    joined["counts"] = sum(p["counts"] for p in parts)
+    return joined, metas
+
+
+def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, data_dir=None, extra_data=(),
+               progress: bool = True, until: int | None = None) -> tuple[DraftHead, dict]:  # fmt: skip
     """Data (made once), draft vocabulary, head, training with checkpoints (resumed when present), saved head.
+
+    Args:
+      extra_data: folders of data sets prepared by earlier runs, trained on beside ``data_dir``'s.
 
     Returns the head and a report: data size, per-step loss and accuracy at the end, seconds.
     """
-    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary, save_head
+    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
 
     out_dir = pathlib.Path(out_dir)
     data_dir = pathlib.Path(data_dir) if data_dir else out_dir / "data"
@@ -329,10 +366,19 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     data = prepare_data(target, tokenizer, recipe, data_dir, model_name,
                         progress=bar("generating responses", recipe.num_prompts))  # fmt: skip
     data_seconds = time.perf_counter() - t0
-    d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
     config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
-    head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
-    head.attach_target(target, d2t)
+    same = {"model": model_name, "feature_layers": list(config.feature_layers), "seq_len": recipe.seq_len}
+    data, extra_metas = load_extra_data(extra_data, data, same)
+    if recipe.init_from:  # fine-tuning keeps the starting head's draft vocabulary
+        head = load_head(recipe.init_from, target)
+        if head.config != config:
+            raise ValueError(f"--init {recipe.init_from} holds a head made as {head.config}, not {config}; "
+                             "match --kind, --draft-vocab and --feature-layers to it.")  # fmt: skip
+        d2t = np.asarray(head.d2t[...])
+    else:
+        d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
+        head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
+        head.attach_target(target, d2t)
     rows = target.output_weights()[jnp.asarray(d2t)]
     trainer = Trainer(head, target.final_norm[...], rows, target.config.rms_eps, recipe.train, out_dir / "checkpoints")
     resumed_from = trainer.step if trainer.restore() else None
@@ -344,6 +390,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     report = {
         "examples": len(data["tokens"]),
         "response_tokens": int(data["mask"].sum()),
+        "extra_data": extra_metas,
         "draft_vocab_coverage": covered,
         "data_seconds": data_seconds,
         "train_seconds": time.perf_counter() - t1,

@@ -122,6 +122,13 @@ class StaticTree:
     def num_leaves(self) -> int:
         return self.size - len(set(self.parents[1:]))
 
+    @property
+    def fed_per_depth(self) -> tuple[int, ...]:
+        """Nodes at each depth 1 .. max_depth - 1: what a drafter feeds to itself, one depth at a
+        time, to draft the depth below (the root is fed before, the deepest nodes never)."""
+        depths = self.depths
+        return tuple(depths.count(d) for d in range(1, self.max_depth))
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(parents int32[T], depths int32[T])."""
         return np.asarray(self.parents, np.int32), np.asarray(self.depths, np.int32)

@@ -225,3 +225,35 @@ def test_data_shards_round_trip_and_an_unfinished_set_is_refused(tmp_path):
     (tmp_path / "d" / "meta.json").unlink()
     with pytest.raises(ValueError, match="not finished"):
         load_shards(tmp_path / "d")
+
+
+class _WordTokenizer:
+    """A stand-in tokenizer over the tiny model's ids: every id decodes to one word."""
+
+    eos_token_ids = (3,)
+
+    def apply_chat_template(self, messages):
+        return "<user> " + messages[0]["content"] + " <end>"
+
+    def encode(self, text):
+        return [5 + ord(c) % 50 for c in text]
+
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids if i not in self.eos_token_ids)
+
+
+def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_text(target):
+    from jspec.eagle_data import _word_ngrams, evaluation_ngrams, self_instruct_prompts
+    from jspec.prompts import load_prompts
+
+    tok = _WordTokenizer()
+    kw = {"max_tokens": 24, "batch_size": 8, "exclude": set()}
+    prompts = self_instruct_prompts(target, tok, 6, **kw)
+    assert len(prompts) == 6 and len(set(prompts)) == 6 and prompts == self_instruct_prompts(target, tok, 6, **kw)
+    assert all(len(p.split()) >= 4 for p in prompts)
+    # Negative control: the same run told that one of its prompts is evaluation text drops it.
+    long = next(p for p in prompts if len(p.split()) >= 8)
+    again = self_instruct_prompts(target, tok, 6, **(kw | {"exclude": _word_ngrams(long, 8)}))
+    assert long not in again and set(prompts) - {long} <= set(again)
+    # The default exclusion covers the evaluation sets' text.
+    assert _word_ngrams(load_prompts("mt-bench", None, 1)[0].text, 8) <= evaluation_ngrams()

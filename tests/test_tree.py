@@ -18,6 +18,9 @@ def test_static_tree_shapes():
     assert tree.parents[:7] == (0, 0, 0, 1, 1, 2, 2)
     assert StaticTree.chain(4).parents == (0, 0, 1, 2, 3)
     assert StaticTree.from_branching([3, 1]).depths == (0, 1, 1, 1, 2, 2, 2)
+    # Fed to the drafter, a depth at a time: every depth but the deepest (the root is already in).
+    assert tree.fed_per_depth == (2, 4) and StaticTree.chain(5).fed_per_depth == (1, 1, 1, 1)
+    assert StaticTree.from_branching([3, 1]).fed_per_depth == (3,) and StaticTree.chain(1).fed_per_depth == ()
     with pytest.raises(ValueError, match="positive ints"):
         StaticTree.from_branching([2, 0])
     with pytest.raises(ValueError, match="earlier node"):
