@@ -25,7 +25,7 @@ from flax import nnx, struct
 
 from jspec.sampling import SamplingParams, sample_logits
 
-__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "bucket", "jit_forward", "validate_prompts"]
+__all__ = ["DecodeConfig", "Decoder", "GenerationResult", "batch_inputs", "bucket", "jit_forward", "validate_prompts"]
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -196,6 +196,18 @@ def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_p
             )
 
 
+def batch_inputs(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None):
+    """A request made ready for a compiled loop, after :func:`validate_prompts`.
+
+    Returns (padded int32[B, P], lengths int32[B], budget int32[B], P, the new-token bucket):
+    P and the bucket are the static lengths that pick the compiled program.
+    """
+    validate_prompts(prompts, max_new_tokens, vocab_size, max_position)
+    prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
+    padded, lengths = pad_prompts(prompts, prompt_len)
+    return padded, lengths, jnp.full((len(prompts),), max_new_tokens, jnp.int32), prompt_len, new_len
+
+
 class Decoder:
     """Plain decoding with a model split once; compiled loops are cached per bucket."""
 
@@ -221,12 +233,10 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
         """
-        validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
+        padded, lengths, budget, *buckets = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position)
         sampling = sampling or SamplingParams.greedy()
         b = len(prompts)
-        config = DecodeConfig(bucket(max(len(p) for p in prompts)), bucket(max_new_tokens), self.eos_ids)
-        padded, lengths = pad_prompts(prompts, config.prompt_len)
-        budget = jnp.full((b,), max_new_tokens, jnp.int32)
+        config = DecodeConfig(*buckets, self.eos_ids)
         args = (self.graphdef, self.state, padded, lengths, budget, sampling, jax.random.PRNGKey(seed), config)
         run, compile_s = compile_once(self._compiled, (b, config), _decode_jit, args)
         t0 = time.perf_counter()

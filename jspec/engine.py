@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jspec.decode import GenerationResult, bucket, compile_once, pad_prompts, validate_prompts
+from jspec.decode import GenerationResult, batch_inputs, compile_once
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
@@ -256,12 +256,10 @@ class SpeculativeDecoder:
         self._compiled: dict = {}
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
-        validate_prompts(prompts, max_new_tokens, self.vocab_size, self.max_position)
+        padded, lengths, budget, *buckets = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position)
         sampling = sampling or SamplingParams.greedy()
         b = len(prompts)
-        config = SpecConfig(bucket(max(len(p) for p in prompts)), bucket(max_new_tokens), self.eos_ids)
-        padded, lengths = pad_prompts(prompts, config.prompt_len)
-        budget = jnp.full((b,), max_new_tokens, jnp.int32)
+        config = SpecConfig(*buckets, self.eos_ids)
         args = (self.tgraph, self.tweights, self.drafter, self.dweights, padded, lengths, budget, sampling)
         args = (*args, jax.random.PRNGKey(seed), config, self.verifier)
         run, compile_s = compile_once(self._compiled, (b, config), _spec_jit, args)
