@@ -106,13 +106,14 @@ def evaluation_ngrams(n: int = 8) -> set[tuple[str, ...]]:
 
 
 def self_instruct_prompts(model, tokenizer, count: int, *, seed: int = 0, max_tokens: int = 64,
-                          batch_size: int = 32, temperature: float = 1.0, top_p: float = 0.95, exclude=None,
+                          batch_size: int = 32, temperature: float = 1.0, top_p: float = 1.0, exclude=None,
                           progress=None) -> list[str]:  # fmt: skip
     """``count`` distinct user prompts written by the target (Magpie): sampled from the chat
     template's text up to the start of a user message, kept when the turn ended within
     ``max_tokens`` tokens, has at least 4 words, and shares no word 8-gram with ``exclude``
     (default: every evaluation prompt, :func:`evaluation_ngrams`).
 
+    Sampled at temperature 1 from the whole distribution by default, as Magpie does.
     Deterministic for a given model, seed and batch size. Raises ValueError when the
     template has no user-message slot or ``count`` prompts are not found in 20 rounds.
     """

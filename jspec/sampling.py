@@ -122,24 +122,54 @@ def check_distribution(probs, name: str = "probs", atol: float = 1e-3) -> None:
         )
 
 
+def _order_keys(x: jax.Array) -> jax.Array:
+    """uint32 keys that order like the float32 values ``x`` (no NaNs): thresholds become exact integers."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    negative = (bits >> 31) == 1
+    return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _largest_key_where(pred, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """The largest key t in [lo, hi] with ``pred(t)``, per row, for a ``pred`` that holds at ``lo``
+    and, once false, stays false for larger t. 32 halvings of the uint32 range, each one pass over
+    the vocabulary: no sort (XLA's CPU sort of a vocabulary per token was slower than the model)."""
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        gap = hi - lo
+        mid = lo + gap // 2 + gap % 2  # rounds up, so lo moves when pred(mid) holds
+        ok = pred(mid)
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+    return jax.lax.fori_loop(0, 32, halve, (lo, hi))[0]
+
+
 def _top_k_mask(logits: jax.Array, top_k: jax.Array) -> jax.Array:
     """Masks all but the top_k largest logits (ties at the k-th value are kept)."""
     vocab = logits.shape[-1]
-    sorted_desc = -jnp.sort(-logits, axis=-1)
+    keys = _order_keys(logits)
     k = jnp.where(top_k <= 0, vocab, jnp.minimum(top_k, vocab))
-    kth = jnp.take_along_axis(sorted_desc, (k - 1)[..., None].astype(jnp.int32), axis=-1)
-    return jnp.where(logits < kth, -jnp.inf, logits)
+    # The k-th largest key: the largest t with at least k keys >= t.
+    kth = _largest_key_where(
+        lambda t: jnp.sum(keys >= t[..., None], axis=-1) >= k, keys.min(axis=-1), keys.max(axis=-1)
+    )
+    return jnp.where(keys < kth[..., None], -jnp.inf, logits)
 
 
 def _top_p_mask(logits: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Keeps the smallest prefix of sorted tokens whose mass reaches top_p."""
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p (the top token always;
+    tokens tied with the last one kept are kept too)."""
     probs = jax.nn.softmax(logits, axis=-1)
-    order = jnp.argsort(-logits, axis=-1)
-    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p[..., None]  # the top token is always kept
-    inverse = jnp.argsort(order, axis=-1)
-    keep = jnp.take_along_axis(keep_sorted, inverse, axis=-1)
+    keys = _order_keys(logits)
+
+    def mass_above(t):  # the probability of the tokens with keys > t
+        return jnp.sum(jnp.where(keys > t[..., None], probs, 0.0), axis=-1)
+
+    # Token i is kept when the mass above it is below top_p: keys > t* where t* is the largest
+    # t whose mass above still reaches top_p (it holds at the smallest key - 1, where it is 1).
+    lo = jnp.maximum(keys.min(axis=-1), 1) - 1
+    cut = _largest_key_where(lambda t: mass_above(t) >= top_p, lo, keys.max(axis=-1))
+    keep = (keys > cut[..., None]) | (top_p[..., None] >= 1.0)
     return jnp.where(keep, logits, -jnp.inf)
 
 
@@ -164,7 +194,7 @@ def probs_from_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     greedy = temperature <= 0
     safe_t = jnp.where(greedy, 1.0, temperature)
     scaled = logits / safe_t[..., None]
-    # Sorting the vocabulary is the costly part; skip it when no row filters.
+    # The threshold searches are the costly part; skip them when no row filters.
     filtering = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
     scaled = jax.lax.cond(filtering, lambda x: _top_p_mask(_top_k_mask(x, top_k), top_p), lambda x: x, scaled)
     sampled = jax.nn.softmax(scaled, axis=-1)

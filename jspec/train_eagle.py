@@ -316,9 +316,8 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
     t0 = time.perf_counter()
-    if recipe.prompt_source == "self":  # 20% spare: some prompts leave too little room for a response
-        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts + recipe.num_prompts // 5 + 8,
-                                        seed=recipe.train.seed)  # fmt: skip
+    if recipe.prompt_source == "self":  # short user turns (<= 64 tokens): every one leaves room for a response
+        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed)
     else:
         prompts = stdlib_prompts()
     data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
