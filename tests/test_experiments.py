@@ -45,3 +45,9 @@ def test_tree_toy_small(tmp_path):
     for cell in (v for k, v in row.items() if isinstance(v, dict) and "tokens_per_call" in v):
         assert 1.0 <= cell["tokens_per_call"] <= 15.0
     assert (tmp_path / "tree_toy.json").exists()
+
+
+def test_bench_sampling_small():
+    result = _load("bench_sampling").main(["--vocab", "3000", "--batches", "1,4", "--repeats", "1"])
+    for row in result["ms"].values():
+        assert row["same_support"] and row["top_p_0.95"] > 0
