@@ -194,9 +194,9 @@ def probs_from_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     greedy = temperature <= 0
     safe_t = jnp.where(greedy, 1.0, temperature)
     scaled = logits / safe_t[..., None]
-    # The threshold searches are the costly part; skip them when no row filters.
-    filtering = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
-    scaled = jax.lax.cond(filtering, lambda x: _top_p_mask(_top_k_mask(x, top_k), top_p), lambda x: x, scaled)
+    # The threshold searches are the costly part: each runs only when some row asks for it.
+    scaled = jax.lax.cond(jnp.any(~greedy & (top_k > 0)), lambda x: _top_k_mask(x, top_k), lambda x: x, scaled)
+    scaled = jax.lax.cond(jnp.any(~greedy & (top_p < 1)), lambda x: _top_p_mask(x, top_p), lambda x: x, scaled)
     sampled = jax.nn.softmax(scaled, axis=-1)
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(greedy[..., None], onehot, sampled)
