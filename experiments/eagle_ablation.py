@@ -11,7 +11,7 @@ trains for the same number of steps with the same optimizer settings, then draft
 temperature 0 and 1 on held-out MT-bench and HumanEval prompts. Reports τ and
 acceptance by position per head; writes ``eagle_ablation.json`` to --out.
 
-``--trained eagle3-ttt=models/heads/smollm2-135m-eagle3`` uses a head that was
+``--trained eagle3-ttt=HEAD_DIR`` uses a head that was
 already trained instead of training that variant again; it is refused unless
 the recipe in its ``head.json`` (data, vocabulary, every training option but the
 checkpoint interval) is the one this run would train it with.
