@@ -315,7 +315,9 @@ def _cmd_train(args) -> int:
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init,
         )  # fmt: skip
-    model, tokenizer = load_model(args.model)
+    # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
+    # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
+    model, tokenizer = load_model(args.model, layer_loop="scan" if args.tiny else None)
     head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
                               extra_data=args.extra_data, progress=not args.json, until=args.stop_after)  # fmt: skip
     evaluation = None

@@ -300,8 +300,11 @@ class Recipe:
         return cls(kind, num_prompts=8, seq_len=128, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
 
 
-def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, progress=None) -> dict:
-    """The training set in ``folder``: loaded when a complete one made by the same recipe is there, else made."""
+def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, bars=None) -> dict:
+    """The training set in ``folder``: loaded when a complete one made by the same recipe is there, else made.
+
+    ``bars``: a factory ``(description, total) -> progress callback or None``, called when each stage starts.
+    """
     from jspec.eagle import HeadConfig
     from jspec.eagle_data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
 
@@ -317,13 +320,14 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
     t0 = time.perf_counter()
     if recipe.prompt_source == "self":  # short user turns (<= 64 tokens): every one leaves room for a response
-        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed)
+        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed,
+                                        progress=bars and bars("writing prompts", recipe.num_prompts))  # fmt: skip
     else:
         prompts = stdlib_prompts()
     data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
                              max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
                              temperature=recipe.gen_temperature, limit=recipe.num_prompts,
-                             progress=progress)  # fmt: skip
+                             progress=bars and bars("generating responses", recipe.num_prompts))  # fmt: skip
     meta = want | {"prompts": PROMPT_SOURCES[recipe.prompt_source], "seconds": time.perf_counter() - t0}
     write_shards(data, folder, meta)
     return data
@@ -362,8 +366,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     data_dir = pathlib.Path(data_dir) if data_dir else out_dir / "data"
     bar = _progress_bar(progress)
     t0 = time.perf_counter()
-    data = prepare_data(target, tokenizer, recipe, data_dir, model_name,
-                        progress=bar("generating responses", recipe.num_prompts))  # fmt: skip
+    data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
     data_seconds = time.perf_counter() - t0
     config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
     same = {"model": model_name, "feature_layers": list(config.feature_layers), "seq_len": recipe.seq_len}

@@ -210,6 +210,44 @@ def test_training_prompts_are_deterministic_and_not_evaluation_prompts():
     assert not any(e.strip()[:200] in p for e in evaluation for p in prompts if len(e.strip()) > 40)
 
 
+def test_fast_source_reading_equals_ast_on_awkward_sources():
+    """The stdlib prompts read definitions with a one-pass line split and a walk over statements
+    only; both must give exactly what ``ast.get_source_segment`` and ``ast.walk`` give."""
+    import ast
+
+    from jspec.eagle_data import _source_lines, _source_segment, _statements
+
+    source = (
+        'class A:\r\n    """Docs with ünïcode."""\r\n    def f(self, x):\r\n        return [\r\n'
+        "            x]\rdef g(): pass\n"
+        "try:\n    def h(): pass\nexcept E:\n    def i(): pass\nmatch v:\n    case 1:\n        def j(): pass\n"
+        "if x:\n    class B:\n        def k(self): return lambda: 0\n"
+        "def last(): return 'é'"  # no final newline
+    )
+    tree = ast.parse(source)
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    assert len(defs) == 9
+    assert defs == [n for n in _statements(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    lines = _source_lines(source)
+    assert all(_source_segment(lines, n) == ast.get_source_segment(source, n) for n in defs)
+    # Negative control: splitlines() also splits at a form feed, which ast's offsets do not count.
+    with_ff = "x = 1\f\ndef f():\n    return 2\n"
+    node = ast.parse(with_ff).body[1]
+    assert _source_segment(_source_lines(with_ff), node) == ast.get_source_segment(with_ff, node)
+    assert _source_segment(with_ff.splitlines(keepends=True), node) != ast.get_source_segment(with_ff, node)
+
+
+def test_stdlib_prompts_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    from jspec import eagle_data
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    first = eagle_data.stdlib_prompts(50)
+    (cached,) = (tmp_path / "prompts").iterdir()
+    assert eagle_data.stdlib_prompts(50) == first
+    cached.write_text(cached.read_text()[:1000])  # a damaged file is rebuilt, not half-read
+    assert eagle_data.stdlib_prompts(50) == first
+
+
 def test_data_shards_round_trip_and_an_unfinished_set_is_refused(tmp_path):
     from jspec.eagle_data import load_shards, write_shards
 
