@@ -29,7 +29,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" --durations=15
 
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow"
