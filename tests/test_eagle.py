@@ -240,12 +240,21 @@ def test_fast_source_reading_equals_ast_on_awkward_sources():
 def test_stdlib_prompts_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
     from jspec import eagle_data
 
+    builds = []
+
+    def build(root, seed, max_doc_chars):  # the real build takes 5 s; its output is tested above
+        builds.append(seed)
+        return [f"prompt {i} (seed {seed})" for i in range(100)]
+
     monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(eagle_data, "_build_stdlib_prompts", build)
     first = eagle_data.stdlib_prompts(50)
-    (cached,) = (tmp_path / "prompts").iterdir()
-    assert eagle_data.stdlib_prompts(50) == first
-    cached.write_text(cached.read_text()[:1000])  # a damaged file is rebuilt, not half-read
-    assert eagle_data.stdlib_prompts(50) == first
+    assert first == [f"prompt {i} (seed 0)" for i in range(50)]
+    assert eagle_data.stdlib_prompts(50) == first and builds == [0]  # read back, not rebuilt
+    assert eagle_data.stdlib_prompts(seed=1)[0] == "prompt 0 (seed 1)" and builds == [0, 1]
+    (cached,) = [p for p in (tmp_path / "prompts").iterdir() if "seed 0" in p.read_text()]
+    cached.write_text(cached.read_text()[:100])  # a damaged file is rebuilt, not half-read
+    assert eagle_data.stdlib_prompts(50) == first and builds == [0, 1, 0]
 
 
 def test_data_shards_round_trip_and_an_unfinished_set_is_refused(tmp_path):
