@@ -312,10 +312,13 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
     want = {"model": model_name, "prompt_source": recipe.prompt_source, "feature_layers": list(layers),
             "num_prompts": recipe.num_prompts, "seq_len": recipe.seq_len, "max_new_tokens": recipe.max_new_tokens,
             "gen_temperature": recipe.gen_temperature}  # fmt: skip
+    if recipe.prompt_source == "self":  # the seed picks which prompts the target writes
+        want["prompt_seed"] = recipe.train.seed
+    defaults = {"prompt_source": "stdlib", "prompt_seed": 0}  # data sets written before these were recorded
     folder = pathlib.Path(folder)
     if (folder / "meta.json").exists():
         data, meta = load_shards(folder)
-        if {k: meta.get(k, "stdlib" if k == "prompt_source" else None) for k in want} == want:
+        if {k: meta.get(k, defaults.get(k)) for k in want} == want:
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another --data folder.")
     t0 = time.perf_counter()

@@ -304,3 +304,27 @@ def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_tex
     assert long not in again and set(prompts) - {long} <= set(again)
     # The default exclusion covers the evaluation sets' text.
     assert _word_ngrams(load_prompts("mt-bench", None, 1)[0].text, 8) <= evaluation_ngrams()
+
+
+def test_prepared_data_is_reused_only_for_the_recipe_that_made_it(target, tmp_path):
+    import dataclasses
+
+    from jspec.eagle import HeadConfig
+    from jspec.eagle_data import write_shards
+    from jspec.train_eagle import Recipe, prepare_data
+
+    recipe = dataclasses.replace(Recipe.tiny(), prompt_source="self")
+    layers = HeadConfig.for_target(target.config, "eagle3", 1).feature_layers
+    data = {"tokens": np.zeros((2, 8), np.int32), "mask": np.ones((2, 8), bool),
+            "features": np.zeros((2, 8, 3, 4), np.float16), "top": np.zeros((2, 8, 4), np.float16),
+            "counts": np.ones(V, np.int64)}  # fmt: skip
+    meta = {"model": "tiny", "prompt_source": "self", "feature_layers": list(layers), "num_prompts": 8,
+            "seq_len": 128, "max_new_tokens": 24, "gen_temperature": 0.0}  # fmt: skip
+    write_shards(data, tmp_path / "d", meta)  # written before the prompt seed was recorded: seed 0
+    got = prepare_data(target, None, recipe, tmp_path / "d", "tiny")
+    np.testing.assert_array_equal(got["tokens"], data["tokens"])
+    other_seed = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, seed=1))
+    with pytest.raises(ValueError, match="another recipe"):  # other target-written prompts
+        prepare_data(target, None, other_seed, tmp_path / "d", "tiny")
+    with pytest.raises(ValueError, match="another recipe"):
+        prepare_data(target, None, dataclasses.replace(recipe, prompt_source="stdlib"), tmp_path / "d", "tiny")
