@@ -226,17 +226,24 @@ def target_to_draft(d2t, vocab_size: int) -> jax.Array:
     return jnp.full((vocab_size,), -1, jnp.int32).at[d2t].set(jnp.arange(d2t.shape[0], dtype=jnp.int32))
 
 
-def ttt_mask(length: int, step: int, num_steps: int | None = None) -> jax.Array:
-    """bool[T, S]: what training-time-test step ``step`` may attend to.
+def ttt_mask(length: int, step: int, num_steps: int | None = None, start=0, window: int | None = None) -> jax.Array:
+    """bool[Q, S]: what training-time-test step ``step`` may attend to.
 
-    Keys are laid out step by step: slot j * T + s holds step j's pair at row s.
-    Row t of step k sees the context (step 0, rows s <= t) and its own earlier
-    steps (steps 1..k at row t), nothing else. S = (num_steps or step + 1) * T.
+    Keys are laid out step by step: step 0's pairs first (row s at slot s, T slots), then
+    each later step j's ``window`` rows (window index i at slot T + (j - 1) * W + i).
+    Step 0's queries are the T rows; a later step's are the W rows ``start`` ..
+    ``start + W - 1``. A query at row t sees the context (step 0, rows s <= t) and its own
+    earlier steps (steps 1..k at its window index), nothing else. Without a window, W = T
+    and start = 0. S = T + (num_steps - 1) * W; ``start`` may be traced.
     """
     num_steps = step + 1 if num_steps is None else num_steps
-    t = jnp.arange(length)[:, None]
-    j, s = jnp.divmod(jnp.arange(num_steps * length)[None, :], length)
-    return ((j == 0) & (s <= t)) | ((j >= 1) & (j <= step) & (s == t))
+    w = length if window is None else window
+    queries = length if step == 0 else w
+    rows = jnp.arange(queries)[:, None] + (0 if step == 0 else start)
+    slot = jnp.arange(length + (num_steps - 1) * w)[None, :]
+    later = slot - length  # (j - 1) * W + i for the slots of steps j >= 1
+    own = (later >= 0) & (later // w < step) & (later % w == jnp.arange(queries)[:, None])
+    return ((slot < length) & (slot <= rows)) | own
 
 
 @struct.dataclass

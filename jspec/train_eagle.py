@@ -39,7 +39,7 @@ from jspec.models.llama import linear, rms_norm
 
 __all__ = [
     "PROMPT_SOURCES", "Recipe", "TrainConfig", "Trainer", "batch_order", "head_loss", "load_extra_data",
-    "make_optimizer", "prepare_data", "train_head", "ttt_forward",
+    "loss_window", "make_optimizer", "prepare_data", "train_head", "ttt_forward", "window_starts",
 ]  # fmt: skip
 
 
@@ -66,44 +66,86 @@ class TrainConfig:
                              f"({self.total_steps}); pass a smaller --warmup or more --steps.")  # fmt: skip
 
 
-def _shift(x, k: int, fill=0):
-    """x[:, k:] padded at the end with ``fill`` back to its length (along axis 1)."""
-    if k == 0:
-        return x
-    n = x.shape[1]
-    pad = jnp.full((x.shape[0], min(k, n), *x.shape[2:]), fill, x.dtype)
-    return jnp.concatenate([x[:, k:], pad], axis=1)
+def _rows(x, index, fill=0):
+    """x[b, index[b, i]] for x [B, T, ...] and index int[B, W]; ``fill`` where the index is past T."""
+    inside = index < x.shape[1]
+    index = jnp.minimum(index, x.shape[1] - 1)
+    got = jnp.take_along_axis(x, index.reshape(*index.shape, *([1] * (x.ndim - 2))), axis=1)
+    return jnp.where(inside.reshape(*index.shape, *([1] * (x.ndim - 2))), got, jnp.asarray(fill, x.dtype))
 
 
-def ttt_forward(head: DraftHead, tokens, feature, num_steps: int) -> list[jax.Array]:
-    """The head's outputs [B, T - 1, H] at each training-time-test step.
+def loss_window(mask, num_steps: int) -> int:
+    """The fewest consecutive rows that hold every row with a loss at any TTT step, over a data set.
+
+    Row r of step k has a loss when token r + k + 2 is a response token; responses are one
+    run of tokens per example, so each example's loss rows are one run of (response length
+    + ``num_steps`` - 1) rows. Steps after the first run on this window only, and every
+    step's output layer and loss too. Rounded up to a multiple of 8 (fewer shapes to compile).
+
+    Args:
+      mask: bool[N, T], the response tokens of every example.
+
+    Raises:
+      ValueError: when an example's response tokens are not one run.
+    """
+    mask = np.asarray(mask, bool)
+    t = mask.shape[1]
+    counts = mask.sum(1)
+    first = mask.argmax(1)
+    last = t - 1 - mask[:, ::-1].argmax(1)
+    gaps = (counts > 0) & (last - first + 1 != counts)
+    if gaps.any():
+        raise ValueError(f"example {int(np.argmax(gaps))}'s response tokens are not one run; the loss mask must "
+                         "mark one response per sequence (as jspec.eagle_data writes it).")  # fmt: skip
+    width = int(counts.max(initial=0)) + num_steps - 1
+    return max(1, min(t - 1, -(-width // 8) * 8))
+
+
+def window_starts(mask, num_steps: int, window: int | None) -> jax.Array:
+    """int32[B]: each row's first window row (see :func:`loss_window`); zeros without a window."""
+    b, t = mask.shape
+    if window is None:
+        return jnp.zeros((b,), jnp.int32)
+    first = jnp.argmax(mask, axis=1).astype(jnp.int32)  # the first response token
+    return jnp.clip(first - num_steps - 1, 0, t - 1 - window)
+
+
+def ttt_forward(head: DraftHead, tokens, feature, num_steps: int, starts=None, window: int | None = None):
+    """The head's outputs at each training-time-test step: a list of [B, W, H].
 
     Row r of step k reads token r + k + 1 at position r + k + 1 with the feature of
     step k - 1's row r (step 0: ``feature``, the fused target feature of token r),
     attends as :func:`jspec.eagle.ttt_mask` allows, and predicts token r + k + 2:
     what drafting step k does at inference after the pair of row r was committed.
 
+    Step 0 runs on every row (each is context for later steps); steps k > 0 run on the
+    ``window`` rows from ``starts`` only, and the outputs are those rows' (without a
+    window: all T - 1 rows, W = T - 1). The keys are step 0's T - 1 rows, then W per later step.
+
     Args:
-      tokens: int32[B, T]; feature: [B, T - 1, H].
+      tokens: int32[B, T]; feature: [B, T - 1, H]; starts: int32[B] (see :func:`window_starts`).
     """
     c = head.config
     b, t = tokens.shape
     m = t - 1
-    rows = jnp.arange(m)[None, :]
-    cache = KVCache.create(1, b, num_steps * m, c.num_kv_heads, c.head_dim)
-    outputs = []
-    for k in range(num_steps):
-        tok = _shift(tokens[:, 1:], k)
-        positions = jnp.broadcast_to(rows + k + 1, (b, m))
-        attn_mask = jnp.broadcast_to(ttt_mask(m, k, num_steps)[None], (b, m, num_steps * m))
-        cache = cache.rollback(jnp.full((b,), k * m, jnp.int32))
-        feature, cache = head(tok, feature, positions, cache, attn_mask)
-        outputs.append(feature)
+    w = m if window is None else window
+    starts = jnp.zeros((b,), jnp.int32) if starts is None else starts
+    cache = KVCache.create(1, b, m + (num_steps - 1) * w, c.num_kv_heads, c.head_dim)
+    rows = jnp.broadcast_to(jnp.arange(m)[None, :], (b, m))
+    context = jnp.broadcast_to(ttt_mask(m, 0, num_steps, 0, w)[None], (b, m, cache.capacity))
+    out, cache = head(tokens[:, 1:], feature, rows + 1, cache, context)
+    win = starts[:, None] + jnp.arange(w)[None, :]  # [B, W], rows of the whole sequence
+    outputs = [_rows(out, win)]
+    for k in range(1, num_steps):
+        attn_mask = jax.vmap(lambda start, k=k: ttt_mask(m, k, num_steps, start, w))(starts)
+        cache = cache.rollback(jnp.full((b,), m + (k - 1) * w, jnp.int32))
+        out, cache = head(_rows(tokens, win + k + 1), outputs[-1], win + k + 1, cache, attn_mask)
+        outputs.append(out)
     return outputs
 
 
 def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: float, num_steps: int, decay: float,
-              regression_weight: float = 1.0):  # fmt: skip
+              regression_weight: float = 1.0, window: int | None = None):  # fmt: skip
     """(loss, metrics) of one batch.
 
     Args:
@@ -112,36 +154,44 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
       target_norm, target_rows: the target's final norm [H] and output rows for the draft
         vocabulary [K, H]: the target distribution at a position.
       num_steps: TTT steps (EAGLE-1: 1).
+      window: static; rows per example that hold every loss (:func:`loss_window`): the
+        steps after the first, the output layer and the loss run there only. None: all rows.
+        The loss is the same either way.
 
     Returns:
       The weighted loss and a dict with per-step ``loss`` and ``acc`` (top-1 agreement with
       the target on the draft vocabulary), arrays [num_steps].
     """
     tokens, mask = batch["tokens"], batch["mask"]
-    b, t = tokens.shape
+    t = tokens.shape[1]
     if t < 3:
         raise ValueError(f"training sequences need at least 3 tokens; got {t}.")
     m = t - 1  # rows: pair (feature of token r, token r + 1), r = 0 .. T - 2
+    w = m if window is None else window
     features = batch["features"].astype(jnp.float32)
     top = batch["top"].astype(jnp.float32)
     if head.config.kind == "eagle1":  # EAGLE-1 reads the top layer
         feature = head.fuse((top[:, :m],))
     else:
         feature = head.fuse(tuple(features[:, :m, i] for i in range(features.shape[2])))
-    target_logp = jax.nn.log_softmax(linear(rms_norm(top, target_norm, rms_eps), target_rows), axis=-1)  # [B,T,K]
+    starts = window_starts(mask, num_steps, window)
+    # The target's outputs at positions r + k + 1 of the window's rows r, every step k.
+    ahead = starts[:, None] + 1 + jnp.arange(w + num_steps - 1)[None, :]
+    top_ahead = _rows(top, ahead)
+    target_logp = jax.nn.log_softmax(linear(rms_norm(top_ahead, target_norm, rms_eps), target_rows), axis=-1)
+    mask_ahead = _rows(mask, ahead + 1, False)  # token r + k + 2 exists and is a response token
     total = jnp.float32(0.0)
     losses, accs = [], []
-    for k, h in enumerate(ttt_forward(head, tokens, feature, num_steps)):
+    for k, h in enumerate(ttt_forward(head, tokens, feature, num_steps, starts, window)):
         logp = jax.nn.log_softmax(head.logits(h), axis=-1)
-        tgt = _shift(target_logp[:, 1:], k)  # the target's output at position r + k + 1
-        valid = _shift(mask[:, 2:], k, False)  # token r + k + 2 exists and is a response token
-        valid = jnp.concatenate([valid, jnp.zeros((b, 1), bool)], axis=1)
+        tgt = target_logp[:, k : k + w]
+        valid = mask_ahead[:, k : k + w]
         ce = -jnp.sum(jnp.exp(tgt) * logp, axis=-1)
         count = jnp.maximum(valid.sum(), 1)
         loss_k = jnp.sum(jnp.where(valid, ce, 0.0)) / count
         acc_k = jnp.sum(valid & (logp.argmax(-1) == tgt.argmax(-1))) / count
         if head.config.kind == "eagle1":
-            nxt = _shift(top[:, 1:], k)  # the next top-layer feature, what EAGLE-1 regresses
+            nxt = top_ahead[:, k : k + w]  # the next top-layer feature, what EAGLE-1 regresses
             reg = jnp.sum(optax.huber_loss(h, nxt).mean(-1) * valid) / count
             loss_k = regression_weight * reg + 0.1 * loss_k
         total = total + (decay**k) * loss_k
@@ -193,14 +243,14 @@ class Trainer:
                 max_to_keep=2, save_interval_steps=config.checkpoint_every, enable_async_checkpointing=False
             )
             self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
-        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames="window")
 
-    def _train_step(self, params, opt_state, frozen, target, batch):
+    def _train_step(self, params, opt_state, frozen, target, batch, window=None):
         c = self.config
 
         def loss_fn(params):
             head = nnx.merge(self.graphdef, params, frozen)
-            return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight)
+            return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight, window)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -239,13 +289,14 @@ class Trainer:
         c = self.config
         until = c.total_steps if until is None else min(until, c.total_steps)
         n = len(data["tokens"])
+        window = loss_window(data["mask"], c.num_steps)  # one width for the whole run: one compilation
         history = []
         while self.step < until:
             idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
             batch = {key: jnp.asarray(data[key][idx]) for key in ("tokens", "mask", "features", "top")}
             t0 = time.perf_counter()
             self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
-                                                                 self.target, batch)  # fmt: skip
+                                                                 self.target, batch, window=window)  # fmt: skip
             self.step += 1
             if self.step % log_every == 0 or self.step == until:
                 row = {"step": self.step, "seconds": time.perf_counter() - t0}

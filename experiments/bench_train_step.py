@@ -1,0 +1,86 @@
+"""One EAGLE training step on every row against the step on the loss window alone.
+
+    python experiments/bench_train_step.py --data DIR [--model smollm2-135m] [--batch-size 8]
+        [--ttt-steps 5] [--draft-vocab 8192] [--repeats 5]
+
+Step 0 of training-time test runs on every row (each is context for later
+steps); steps after it, the output layer and the loss can run on the loss
+window alone: the rows whose predicted tokens are response tokens
+(:func:`jspec.train_eagle.loss_window`). The loss and its gradients are the
+same (tests/test_eagle.py); this times both on the same batches of a prepared
+data set, taking turns, so that drift in the machine's speed hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--ttt-steps", type=int, default=5)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.eagle_data import load_shards
+    from jspec.models.hub import load_model
+    from jspec.train_eagle import TrainConfig, Trainer, batch_order, loss_window
+
+    model, _ = load_model(args.model)
+    data, _ = load_shards(args.data)
+    config = HeadConfig.for_target(model.config, "eagle3", args.draft_vocab)
+    head = DraftHead(config, rngs=nnx.Rngs(0))
+    d2t = draft_vocabulary(data["counts"], args.draft_vocab)
+    head.attach_target(model, d2t)
+    rows = model.output_weights()[jnp.asarray(d2t)]
+    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
+    trainer = Trainer(head, model.final_norm[...], rows, model.config.rms_eps, train)
+    window = loss_window(data["mask"], args.ttt_steps)
+    seq_len = int(data["tokens"].shape[1])
+
+    def step(i, w):
+        idx = np.sort(batch_order(len(data["tokens"]), args.batch_size, i, 0))
+        batch = {k: jnp.asarray(data[k][idx]) for k in ("tokens", "mask", "features", "top")}
+        t0 = time.perf_counter()
+        trainer.params, trainer.opt_state, metrics = trainer._step_fn(
+            trainer.params, trainer.opt_state, trainer.frozen, trainer.target, batch, window=w
+        )
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - t0
+
+    compile_s = {"all rows": step(0, None), "window": step(0, window)}
+    times = {"all rows": [], "window": []}
+    for i in range(1, args.repeats + 1):
+        times["all rows"].append(step(i, None))
+        times["window"].append(step(i, window))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    report = {
+        "examples": len(data["tokens"]),
+        "seq_len": seq_len,
+        "window": window,
+        "batch_size": args.batch_size,
+        "ttt_steps": args.ttt_steps,
+        "draft_vocab": args.draft_vocab,
+        "first_step_seconds": compile_s,
+        "step_seconds": times,
+        "median_step_seconds": med,
+        "speedup": med["all rows"] / med["window"],
+    }
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
