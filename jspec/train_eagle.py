@@ -12,7 +12,10 @@ Training-time test (EAGLE-3): the head runs ``num_steps`` steps; step 0 reads
 the fused target features, step k > 0 reads the head's own outputs of step
 k - 1 at the same rows and the tokens k positions further on. Row t of step
 k predicts token t + k + 2 and attends to the context (step 0 rows <= t) and
-its own earlier steps at row t (:func:`jspec.eagle.ttt_mask`). The loss is
+its own earlier steps at row t (:func:`jspec.eagle.ttt_mask`). Step 0 runs on
+every row; the later steps, the output layer and the loss run on each
+example's loss window only, the rows whose predicted token is a response
+token (:func:`loss_window`; the same loss, half the step time here). The loss is
 sum_k decay^k * CE_k. EAGLE-1 (one step, no TTT) adds a smooth-L1 regression
 of the next top-layer feature.
 

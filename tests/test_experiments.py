@@ -51,3 +51,22 @@ def test_bench_sampling_small():
     result = _load("bench_sampling").main(["--vocab", "3000", "--batches", "1,4", "--repeats", "1"])
     for row in result["ms"].values():
         assert row["same_support"] and row["top_p_0.95"] > 0
+
+
+def test_bench_train_step_small(tmp_path, smollm2):
+    import numpy as np
+
+    from jspec.eagle_data import write_shards
+
+    rng = np.random.default_rng(0)
+    n, t, h = 6, 24, smollm2[0].config.hidden_size
+    mask = np.zeros((n, t), bool)
+    for i in range(n):
+        mask[i, 4 + i : 12 + i] = True  # one response per example
+    data = {"tokens": rng.integers(0, 1000, (n, t)).astype(np.int32), "mask": mask,
+            "features": rng.standard_normal((n, t, 3, h)).astype(np.float16),
+            "top": rng.standard_normal((n, t, h)).astype(np.float16), "counts": np.ones(49152, np.int64)}  # fmt: skip
+    write_shards(data, tmp_path / "d", {"feature_layers": [2, 15, 27]})
+    args = ["--data", str(tmp_path / "d"), "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "64"]
+    report = _load("bench_train_step").main([*args, "--repeats", "1"])
+    assert report["window"] == 16 and report["median_step_seconds"]["window"] > 0
