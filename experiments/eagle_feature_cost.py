@@ -61,9 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     head = DraftHead(config, rngs=nnx.Rngs(0))
     d2t = draft_vocabulary(data["counts"], args.draft_vocab)
     head.attach_target(model, d2t)
-    rows = model.output_weights()[jnp.asarray(d2t)]  # as jspec.train_eagle.train_head does
     train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
-    trainer = Trainer(head, model.final_norm[...], rows, model.config.rms_eps, train)
+    trainer = Trainer.for_target(head, model, train)
     trainer.fit(data, until=1)
     t0 = time.perf_counter()
     trainer.fit(data, until=1 + args.repeats)

@@ -248,6 +248,13 @@ class Trainer:
             self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames="window")
 
+    @classmethod
+    def for_target(cls, head: DraftHead, target, config: TrainConfig, checkpoint_dir=None) -> Trainer:
+        """A trainer of ``head`` (attached to ``target``) against the target's distribution: its
+        final norm and its output rows for the head's draft vocabulary."""
+        rows = target.output_weights()[head.d2t[...]]
+        return cls(head, target.final_norm[...], rows, target.config.rms_eps, config, checkpoint_dir)
+
     def _train_step(self, params, opt_state, frozen, target, batch, window=None):
         c = self.config
 
@@ -438,8 +445,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
         head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
         head.attach_target(target, d2t)
-    rows = target.output_weights()[jnp.asarray(d2t)]
-    trainer = Trainer(head, target.final_norm[...], rows, target.config.rms_eps, recipe.train, out_dir / "checkpoints")
+    trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
     resumed_from = trainer.step if trainer.restore() else None
     t1 = time.perf_counter()
     tick = bar("training", recipe.train.total_steps, start=trainer.step)

@@ -90,8 +90,7 @@ def _data(target, n=24, t=12, seed=0):
 
 def _trainer(target, head, checkpoint_dir=None, **kw):
     config = TrainConfig(**({"batch_size": 4, "total_steps": 40, "warmup_steps": 5, "learning_rate": 3e-3} | kw))
-    rows = target.output_weights()[head.d2t[...]]
-    return Trainer(head, target.final_norm[...], rows, target.config.rms_eps, config, checkpoint_dir)
+    return Trainer.for_target(head, target, config, checkpoint_dir)
 
 
 def test_training_lowers_the_loss_and_raises_agreement():
