@@ -18,34 +18,45 @@ import json
 import time
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a training-step experiment on a prepared data set (also eagle_feature_cost.py's)."""
     parser.add_argument("--data", required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--ttt-steps", type=int, default=5)
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=5)
+
+
+def fresh_trainer(model, data: dict, args):
+    """A new EAGLE-3 head over the data's most frequent tokens and its trainer, as ``jspec train`` makes them."""
+    from flax import nnx
+
+    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.train_eagle import TrainConfig, Trainer
+
+    head = DraftHead(HeadConfig.for_target(model.config, "eagle3", args.draft_vocab), rngs=nnx.Rngs(0))
+    head.attach_target(model, draft_vocabulary(data["counts"], args.draft_vocab))
+    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
+    return Trainer.for_target(head, model, train)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_args(parser)
     args = parser.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
-    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
     from jspec.eagle_data import load_shards
     from jspec.models.hub import load_model
-    from jspec.train_eagle import TrainConfig, Trainer, batch_order, loss_window
+    from jspec.train_eagle import batch_order, loss_window
 
     model, _ = load_model(args.model)
     data, _ = load_shards(args.data)
-    config = HeadConfig.for_target(model.config, "eagle3", args.draft_vocab)
-    head = DraftHead(config, rngs=nnx.Rngs(0))
-    d2t = draft_vocabulary(data["counts"], args.draft_vocab)
-    head.attach_target(model, d2t)
-    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
-    trainer = Trainer.for_target(head, model, train)
+    trainer = fresh_trainer(model, data, args)
     window = loss_window(data["mask"], args.ttt_steps)
     seq_len = int(data["tokens"].shape[1])
 

@@ -20,26 +20,20 @@ import time
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from bench_spec import _median_ms
+    from bench_train_step import add_training_args, fresh_trainer
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--ttt-steps", type=int, default=5)
-    parser.add_argument("--draft-vocab", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_training_args(parser)
     args = parser.parse_args(argv)
 
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from bench_spec import _median_ms
-
-    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
     from jspec.eagle_data import feature_forward, load_shards
     from jspec.models.hub import load_model
-    from jspec.train_eagle import TrainConfig, Trainer, batch_order
+    from jspec.train_eagle import batch_order
 
     model, _ = load_model(args.model)
     t0 = time.perf_counter()
@@ -57,12 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     cached_s = _median_ms(cached, args.repeats) / 1000
     recompute_s = _median_ms(lambda: recompute(state, tokens), args.repeats) / 1000
 
-    config = HeadConfig.for_target(model.config, "eagle3", args.draft_vocab)
-    head = DraftHead(config, rngs=nnx.Rngs(0))
-    d2t = draft_vocabulary(data["counts"], args.draft_vocab)
-    head.attach_target(model, d2t)
-    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
-    trainer = Trainer.for_target(head, model, train)
+    trainer = fresh_trainer(model, data, args)
     trainer.fit(data, until=1)
     t0 = time.perf_counter()
     trainer.fit(data, until=1 + args.repeats)
