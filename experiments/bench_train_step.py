@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         idx = np.sort(batch_order(len(data["tokens"]), args.batch_size, i, 0))
         batch = {k: jnp.asarray(data[k][idx]) for k in ("tokens", "mask", "features", "top")}
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, metrics = trainer._step_fn(
-            trainer.params, trainer.opt_state, trainer.frozen, trainer.target, batch, window=w
-        )
+        metrics = trainer.train_step(batch, w)
         jax.block_until_ready(metrics)
         return time.perf_counter() - t0
 

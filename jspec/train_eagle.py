@@ -267,6 +267,15 @@ class Trainer:
         params = optax.apply_updates(params, updates)
         return params, opt_state, metrics | {"total": loss, "grad_norm": optax.tree.norm(grads)}
 
+    def train_step(self, batch: dict, window: int | None = None) -> dict:
+        """One optimizer step on ``batch`` (arrays as in :meth:`fit`, one row per example); returns its
+        metrics. ``window``: the loss window's width (:func:`loss_window`), or None to run every TTT
+        step on every row. Each distinct width compiles once."""
+        self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
+                                                             self.target, batch, window=window)  # fmt: skip
+        self.step += 1
+        return metrics
+
     def restore(self) -> bool:
         """Loads the latest checkpoint if there is one; returns whether it did."""
         if self.manager is None or self.manager.latest_step() is None:
@@ -305,9 +314,7 @@ class Trainer:
             idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
             batch = {key: jnp.asarray(data[key][idx]) for key in ("tokens", "mask", "features", "top")}
             t0 = time.perf_counter()
-            self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
-                                                                 self.target, batch, window=window)  # fmt: skip
-            self.step += 1
+            metrics = self.train_step(batch, window)
             if self.step % log_every == 0 or self.step == until:
                 row = {"step": self.step, "seconds": time.perf_counter() - t0}
                 row |= {k: np.asarray(v).tolist() for k, v in metrics.items()}
