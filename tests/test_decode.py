@@ -4,10 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from stats_util import LEVEL, gof_p_value
 from tiny import tiny_model
 
-from jspec.decode import Decoder, bucket, jit_forward
+from jspec.decode import DecodeConfig, Decoder, _decode_jit, batch_inputs, bucket, cache_slots, jit_forward
 from jspec.sampling import SamplingParams
 
 
@@ -68,6 +69,26 @@ def test_one_compilation_per_bucket(model):
     decoder.generate([[5] * 20], 5)  # prompt bucket 32
     assert len(decoder._compiled) == 2
     assert bucket(1) == 16 and bucket(17) == 32
+
+
+def test_the_cache_holds_each_prompt_and_budget_and_no_more(model):
+    """Prompt and budget buckets of 32 + 64 slots; 20 + 40 tokens need 64 (one bucket)."""
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(4, 97, n).tolist() for n in (20, 9)]
+    decoder = Decoder(model)
+    result = decoder.generate(prompts, 40)
+    ((_, config),) = decoder._compiled
+    assert (config.prompt_len, config.max_new, config.capacity) == (32, 64, 64)
+    for prompt, got in zip(prompts, result.tokens, strict=True):
+        assert got == _naive_greedy(model, prompt, 40, width=64)
+    assert cache_slots(16, 16, 3, 5) == 16 and cache_slots(128, 64, 100, 64) == 192  # never above P + M
+    # Negative control: 8 slots fewer drop the last keys of row 0 (20 + 40 tokens) and change its output.
+    padded, lengths, budget, *_ = batch_inputs(prompts, 40, None, None)
+    graphdef, state = nnx.split(model)
+    short = DecodeConfig(32, 64, (), cache_len=56)
+    tokens, _, _ = _decode_jit(graphdef, state, padded, lengths, budget, SamplingParams.greedy(),
+                                    jax.random.PRNGKey(0), short)  # fmt: skip
+    assert np.asarray(tokens)[0, :40].tolist() != result.tokens[0]
 
 
 def test_sampled_first_token_follows_the_model_distribution(model):

@@ -70,3 +70,13 @@ def test_bench_train_step_small(tmp_path, smollm2):
     args = ["--data", str(tmp_path / "d"), "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "64"]
     report = _load("bench_train_step").main([*args, "--repeats", "1"])
     assert report["window"] == 16 and report["median_step_seconds"]["window"] > 0
+
+
+def test_batch_decode_cost_small(tmp_path, smollm2):
+    # --generate is left out here (two more compilations, 30 s); test_decode checks that the
+    # tight cache gives the same tokens.
+    report = _load("batch_decode_cost").main(
+        ["--batches", "2", "--capacities", "64", "--repeats", "1", "--out", str(tmp_path)]
+    )
+    assert report["step_ms"]["2x64"] > 0 and report["attention_layer"]["2x64"]["keys_mb"] > 0
+    assert (tmp_path / "batch_decode_cost.json").exists()
