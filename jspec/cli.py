@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1")
@@ -523,11 +524,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _enable_compilation_cache() -> None:
-    """Keeps compiled programs on disk, so a second CLI run skips most compilation."""
+    """Keeps compiled programs on disk under ``$JSPEC_CACHE/xla``, so a second CLI run skips most compilation.
+
+    ``JSPEC_XLA_CACHE=0`` turns it off. The test suite does: once a CLI test has
+    set the directory, every later compilation in that process would go through
+    XLA's executable (de)serialization, where the full run crashed three times.
+    """
     import jax
 
     from jspec.models.hub import cache_root
 
+    if os.environ.get("JSPEC_XLA_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return
     jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 

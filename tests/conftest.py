@@ -1,6 +1,10 @@
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# No persistent compilation cache in tests: the CLI tests would otherwise switch it on for the rest
+# of the process and the subprocesses it starts, so that what a test compiles would depend on what
+# earlier runs left in ~/.cache/jspec/xla. tests/test_cli.py checks the switch itself.
+os.environ["JSPEC_XLA_CACHE"] = "0"
 
 import jax
 from hypothesis import settings
@@ -12,7 +16,23 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 settings.register_profile("jspec", derandomize=True, deadline=None, max_examples=60)
 settings.load_profile("jspec")
 
+import gc  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees every compiled program after each test module.
+
+    XLA's CPU backend maps each executable's machine code into its own memory regions. The
+    suite compiles thousands of programs in one process; kept, their regions passed the
+    kernel's limit of 65,530 mappings per process (vm.max_map_count) about 80% of the way
+    through, and the next compilation died with a segmentation fault inside XLA.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

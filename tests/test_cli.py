@@ -132,3 +132,22 @@ def test_bench_json(capsys, smollm2, tmp_path):
         assert {"tau", "tokens_per_s", "speedup"} <= entry.keys()
     assert out["methods"]["ar"]["speedup"] == 1.0
     assert main(["bench", "--methods", "ar,eagle9", "--prompts", str(path)]) == 2
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_cli_compilation_cache_switch(monkeypatch, tmp_path, value, on):
+    import jax
+
+    from jspec.cli import _enable_compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    if value is None:
+        monkeypatch.delenv("JSPEC_XLA_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("JSPEC_XLA_CACHE", value)
+    try:
+        _enable_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == (str(tmp_path / "xla") if on else before)
+    finally:  # set back before anything compiles, so no later test uses the cache
+        jax.config.update("jax_compilation_cache_dir", before)
