@@ -77,25 +77,23 @@ def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dic
 
 def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int = 256, max_new: int = 160) -> dict:
     """Seconds to decode one batch of training prompts with each cache size (greedy, same tokens)."""
-    from jspec.decode import DecodeConfig, _decode_jit, batch_inputs, cache_slots, compile_once
+    from jspec.decode import DecodeConfig, batch_inputs, compile_once, decode_loop
     from jspec.eagle_data import fitting_prompts, stdlib_prompts
     from jspec.sampling import SamplingParams
 
     prompts = sorted(fitting_prompts(tokenizer, stdlib_prompts(), seq_len - 64, 4 * batch), key=len)
     ids = prompts[len(prompts) // 2 : len(prompts) // 2 + batch]  # a middle batch of the sorted data
     budget_n = min(max_new, seq_len - max(len(p) for p in ids))
-    padded, lengths, budget, p, m = batch_inputs(ids, budget_n, None, None)
+    batch = batch_inputs(ids, budget_n, None, None)
+    p, m = batch.prompt_len, batch.max_new
     graphdef, state = nnx.split(model)
     eos = tuple(tokenizer.eos_token_ids)
-    configs = {
-        "buckets": DecodeConfig(p, m, eos),
-        "tight": DecodeConfig(p, m, eos, cache_slots(p, m, max(len(x) for x in ids), budget_n)),
-    }
+    configs = {"buckets": DecodeConfig(p, m, eos), "tight": DecodeConfig(p, m, eos, batch.cache_len)}
     compiled, seconds, outputs = {}, {k: [] for k in configs}, {}
-    args = (state, padded, lengths, budget, SamplingParams.greedy(), jax.random.PRNGKey(0))
+    args = (state, *batch[:3], SamplingParams.greedy(), jax.random.PRNGKey(0))
     for i in range(repeats + 1):  # round 0 compiles
         for name, config in configs.items():
-            run, _ = compile_once(compiled, name, _decode_jit, (graphdef, *args, config))
+            run, _ = compile_once(compiled, name, decode_loop, (graphdef, *args, config))
             t0 = time.perf_counter()
             tokens, _, _ = jax.block_until_ready(run(*args))
             if i:

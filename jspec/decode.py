@@ -16,22 +16,28 @@ returning an object with ``logits`` and ``cache``, and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import Mesh
 
 from jspec.sampling import SamplingParams, sample_logits
+from jspec.sharding import padded_rows, replicate, shard_rows
 
 __all__ = [
+    "Batch",
     "DecodeConfig",
     "Decoder",
     "GenerationResult",
     "batch_inputs",
     "bucket",
     "cache_slots",
+    "decode_loop",
     "jit_forward",
     "validate_prompts",
 ]
@@ -128,7 +134,17 @@ def _is_eos(tokens, eos_ids):
     return jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
 
 
-def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, config: DecodeConfig):
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def decode_loop(graphdef, state, prompts, prompt_lengths, max_new, params, key, config: DecodeConfig):
+    """The whole plain decode, jitted: prefill, then a ``lax.while_loop`` of one-token steps.
+
+    Args are what :meth:`Decoder.generate` passes: the model split by ``nnx.split``
+    (``graphdef`` static), :func:`batch_inputs`' arrays, sampling parameters, a PRNG key
+    and the static :class:`DecodeConfig`. Returns (tokens int32[B, M], counts int32[B],
+    target forwards). Called directly it lets an experiment choose the cache
+    (``DecodeConfig.cache_len``); a cache shorter than a row's prompt plus budget drops
+    that row's last keys and changes its output, so keep to :func:`cache_slots` or more.
+    """
     model = nnx.merge(graphdef, state)
     b, p = prompts.shape
     cache = model.init_cache(b, config.capacity)
@@ -157,9 +173,6 @@ def _decode(graphdef, state, prompts, prompt_lengths, max_new, params, key, conf
 
     final = jax.lax.while_loop(cond, body, init)
     return final.tokens, final.num_generated, final.step + 1
-
-
-_decode_jit = jax.jit(_decode, static_argnums=(0, 7))
 
 
 def jit_forward(model: nnx.Module):
@@ -219,23 +232,51 @@ def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_p
             )
 
 
-def batch_inputs(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None):
-    """A request made ready for a compiled loop, after :func:`validate_prompts`.
+class Batch(NamedTuple):
+    """A request made ready for a compiled loop: arrays, then the static sizes that pick the program."""
 
-    Returns (padded int32[B, P], lengths int32[B], budget int32[B], P, the new-token bucket):
-    P and the bucket are the static lengths that pick the compiled program.
+    padded: jax.Array  # int32[B, P], right-padded prompts
+    lengths: jax.Array  # int32[B]
+    budget: jax.Array  # int32[B], max_new_tokens per row
+    prompt_len: int  # P, the prompt bucket
+    max_new: int  # M, the new-token bucket
+    cache_len: int  # KV slots for prompts and budget (:func:`cache_slots`); loops add what they verify
+
+
+def batch_inputs(
+    prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None, mesh: Mesh | None = None
+) -> Batch:
+    """A request made ready for a compiled loop, after :func:`validate_prompts` (both loops use it).
+
+    With a ``mesh`` the rows are padded to a multiple of its devices with filler rows (the
+    first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
+    over it (:mod:`jspec.sharding`).
     """
     validate_prompts(prompts, max_new_tokens, vocab_size, max_position)
     prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
-    padded, lengths = pad_prompts(prompts, prompt_len)
-    return padded, lengths, jnp.full((len(prompts),), max_new_tokens, jnp.int32), prompt_len, new_len
+    rows = padded_rows(mesh, len(prompts))
+    padded, lengths = pad_prompts(list(prompts) + [prompts[0]] * (rows - len(prompts)), prompt_len)
+    budget = jnp.where(jnp.arange(rows) < len(prompts), max_new_tokens, 1).astype(jnp.int32)
+    slots = cache_slots(prompt_len, new_len, max(len(p) for p in prompts), max_new_tokens)
+    padded, lengths, budget = shard_rows(mesh, (padded, lengths, budget), rows, rows)
+    return Batch(padded, lengths, budget, prompt_len, new_len, slots)
 
 
 class Decoder:
     """Plain decoding with a model split once; compiled loops are cached per bucket."""
 
-    def __init__(self, model: nnx.Module, eos_ids: tuple[int, ...] = (), max_position: int | None = None):
+    def __init__(
+        self,
+        model: nnx.Module,
+        eos_ids: tuple[int, ...] = (),
+        max_position: int | None = None,
+        mesh: Mesh | None = None,
+    ):
+        """``mesh``: split every batch's rows over these devices, the weights replicated
+        (:mod:`jspec.sharding`); the default runs on JAX's default device."""
+        self.mesh = mesh
         self.graphdef, self.state = nnx.split(model)
+        self.state = replicate(mesh, self.state)
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.max_position = max_position or getattr(getattr(model, "config", None), "max_position", None)
         self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -256,13 +297,13 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
         """
-        padded, lengths, budget, *buckets = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position)
-        sampling = sampling or SamplingParams.greedy()
-        b = len(prompts)
-        slots = cache_slots(*buckets, max(len(p) for p in prompts), max_new_tokens)
-        config = DecodeConfig(*buckets, self.eos_ids, slots)
-        args = (self.graphdef, self.state, padded, lengths, budget, sampling, jax.random.PRNGKey(seed), config)
-        run, compile_s = compile_once(self._compiled, (b, config), _decode_jit, args)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh)
+        b, rows = len(prompts), batch.padded.shape[0]
+        sampling = shard_rows(self.mesh, sampling or SamplingParams.greedy(), b, rows)
+        config = DecodeConfig(batch.prompt_len, batch.max_new, self.eos_ids, batch.cache_len)
+        key = replicate(self.mesh, jax.random.PRNGKey(seed))
+        args = (self.graphdef, self.state, *batch[:3], sampling, key, config)
+        run, compile_s = compile_once(self._compiled, (rows, config), decode_loop, args)
         t0 = time.perf_counter()
         tokens, counts, calls = run(*args[1:7])
         tokens, counts = np.asarray(tokens), np.asarray(counts)

@@ -19,10 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import Mesh
 
 from jspec.decode import GenerationResult, batch_inputs, compile_once
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
+from jspec.sharding import replicate, shard_rows
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
@@ -31,15 +33,17 @@ __all__ = ["SpecConfig", "SpecResult", "SpeculativeDecoder", "acceptance_by_posi
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
-    """Static facts of one compiled loop: padded prompt length P, step budget M, end-of-sequence ids."""
+    """Static facts of one compiled loop: padded prompt length P, step budget M, end-of-sequence ids,
+    and the KV slots prompts and budgets need (default P + M; :func:`jspec.decode.cache_slots`)."""
 
     prompt_len: int
     max_new: int
     eos_ids: tuple[int, ...]
+    cache_len: int | None = None
 
     def capacity(self, width: int) -> int:
-        """Cache slots: the prompt, the budget and one verify forward of ``width`` tokens."""
-        return self.prompt_len + self.max_new + width
+        """Cache slots: the prompts, their budget and one verify forward of ``width`` tokens."""
+        return (self.cache_len or self.prompt_len + self.max_new) + width
 
 
 @struct.dataclass
@@ -238,6 +242,7 @@ class SpeculativeDecoder:
         drafter_weights=(),
         eos_ids: tuple[int, ...] = (),
         verifier=verify_chain_batch,
+        mesh: Mesh | None = None,
     ):
         """Args:
         target: the target model (see :mod:`jspec.decode` for the interface).
@@ -245,24 +250,28 @@ class SpeculativeDecoder:
         drafter_weights: its arrays (a draft model's NNX state), or ().
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
+        mesh: split every batch's rows over these devices, target and drafter weights
+          replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
         """
         self.verifier = verifier
+        self.mesh = mesh
         self.tgraph, self.tweights = nnx.split(target)
+        self.tweights = replicate(mesh, self.tweights)
         self.drafter = drafter
-        self.dweights = drafter_weights
+        self.dweights = replicate(mesh, drafter_weights)
         self.eos_ids = tuple(int(e) for e in eos_ids)
         config = target.config
         self.max_position, self.vocab_size = config.max_position, config.vocab_size
         self._compiled: dict = {}
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
-        padded, lengths, budget, *buckets = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position)
-        sampling = sampling or SamplingParams.greedy()
-        b = len(prompts)
-        config = SpecConfig(*buckets, self.eos_ids)
-        args = (self.tgraph, self.tweights, self.drafter, self.dweights, padded, lengths, budget, sampling)
-        args = (*args, jax.random.PRNGKey(seed), config, self.verifier)
-        run, compile_s = compile_once(self._compiled, (b, config), _spec_jit, args)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh)
+        b, rows = len(prompts), batch.padded.shape[0]  # rows past b: filler for an even split, dropped below
+        sampling = shard_rows(self.mesh, sampling or SamplingParams.greedy(), b, rows)
+        config = SpecConfig(batch.prompt_len, batch.max_new, self.eos_ids, batch.cache_len)
+        args = (self.tgraph, self.tweights, self.drafter, self.dweights, *batch[:3], sampling)
+        args = (*args, replicate(self.mesh, jax.random.PRNGKey(seed)), config, self.verifier)
+        run, compile_s = compile_once(self._compiled, (rows, config), _spec_jit, args)
         dynamic = (args[1], *args[3:9])
         t0 = time.perf_counter()
         final = jax.block_until_ready(run(*dynamic))
@@ -280,5 +289,5 @@ class SpeculativeDecoder:
             emitted_in_verify=int(final.emitted_in_verify),
             live_row_steps=int(final.live_row_steps),
             accept_hist=np.asarray(final.accept_hist).tolist(),
-            cache_lengths=np.asarray(final.cache.lengths).tolist(),
+            cache_lengths=np.asarray(final.cache.lengths)[:b].tolist(),
         )

@@ -8,7 +8,7 @@ from flax import nnx
 from stats_util import LEVEL, gof_p_value
 from tiny import tiny_model
 
-from jspec.decode import DecodeConfig, Decoder, _decode_jit, batch_inputs, bucket, cache_slots, jit_forward
+from jspec.decode import DecodeConfig, Decoder, batch_inputs, bucket, cache_slots, decode_loop, jit_forward
 from jspec.sampling import SamplingParams
 
 
@@ -83,11 +83,11 @@ def test_the_cache_holds_each_prompt_and_budget_and_no_more(model):
         assert got == _naive_greedy(model, prompt, 40, width=64)
     assert cache_slots(16, 16, 3, 5) == 16 and cache_slots(128, 64, 100, 64) == 192  # never above P + M
     # Negative control: 8 slots fewer drop the last keys of row 0 (20 + 40 tokens) and change its output.
-    padded, lengths, budget, *_ = batch_inputs(prompts, 40, None, None)
+    batch = batch_inputs(prompts, 40, None, None)
+    assert batch.cache_len == 64
     graphdef, state = nnx.split(model)
     short = DecodeConfig(32, 64, (), cache_len=56)
-    tokens, _, _ = _decode_jit(graphdef, state, padded, lengths, budget, SamplingParams.greedy(),
-                                    jax.random.PRNGKey(0), short)  # fmt: skip
+    tokens, _, _ = decode_loop(graphdef, state, *batch[:3], SamplingParams.greedy(), jax.random.PRNGKey(0), short)
     assert np.asarray(tokens)[0, :40].tolist() != result.tokens[0]
 
 

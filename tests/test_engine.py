@@ -179,3 +179,22 @@ def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accep
     state = drafter.commit(weights, state, ctx, jnp.array([accepted]), ())
     proposal, _ = drafter.propose(weights, state, ctx, jax.random.PRNGKey(1), greedy)
     assert proposal.tokens[0].tolist() == Decoder(draft).generate([text], 3).tokens[0]
+
+
+def test_engine_cache_is_sized_to_the_request_with_negative_control(target, monkeypatch):
+    """Prompts of 20 and 9 tokens, 40 new: buckets 32 + 64, but 64 slots (plus one verify) suffice."""
+    import jspec.decode
+
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(4, 97, n).tolist() for n in (20, 9)]
+    want = Decoder(target).generate(prompts, 40).tokens
+    drafter, weights = DraftModel.from_model(target, 3, 97)  # the target drafting: every step writes 4 slots
+    engine = SpeculativeDecoder(target, drafter, weights)
+    got = engine.generate(prompts, 40)
+    ((_, config),) = engine._compiled
+    assert (config.prompt_len, config.max_new, config.cache_len, config.capacity(4)) == (32, 64, 64, 68)
+    assert got.tokens == want
+    # Negative control: a cache of 40 + 4 slots loses row 0's later keys and changes its output.
+    monkeypatch.setattr(jspec.decode, "cache_slots", lambda *args: 40)
+    short = SpeculativeDecoder(target, drafter, weights).generate(prompts, 40)
+    assert short.tokens[0] != want[0]
