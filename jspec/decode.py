@@ -27,7 +27,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.sampling import SamplingParams, sample_logits
-from jspec.sharding import padded_rows, replicate, shard_rows
+from jspec.sharding import check_mesh, padded_rows, replicate, shard_rows
 
 __all__ = [
     "Batch",
@@ -274,6 +274,7 @@ class Decoder:
     ):
         """``mesh``: split every batch's rows over these devices, the weights replicated
         (:mod:`jspec.sharding`); the default runs on JAX's default device."""
+        check_mesh(mesh)
         self.mesh = mesh
         self.graphdef, self.state = nnx.split(model)
         self.state = replicate(mesh, self.state)

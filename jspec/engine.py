@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from jspec.decode import GenerationResult, batch_inputs, compile_once
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.sharding import replicate, shard_rows
+from jspec.sharding import check_mesh, replicate, shard_rows
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
@@ -254,6 +254,7 @@ class SpeculativeDecoder:
           replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
         """
         self.verifier = verifier
+        check_mesh(mesh)
         self.mesh = mesh
         self.tgraph, self.tweights = nnx.split(target)
         self.tweights = replicate(mesh, self.tweights)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["batch_mesh", "padded_rows", "replicate", "shard_rows"]
+__all__ = ["batch_mesh", "check_mesh", "padded_rows", "replicate", "shard_rows"]
 
 
 def batch_mesh(devices=None, axis: str = "batch") -> Mesh:
@@ -44,6 +44,21 @@ def padded_rows(mesh: Mesh | None, num_rows: int) -> int:
     if mesh is None:
         return num_rows
     return -(-num_rows // mesh.size) * mesh.size
+
+
+def check_mesh(mesh) -> None:
+    """Raises ValueError, before anything is placed or compiled, for a mesh the loops cannot use."""
+    if mesh is None:
+        return
+    if not isinstance(mesh, Mesh):
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh (e.g. jspec.sharding.batch_mesh()); got {type(mesh).__name__}."
+        )
+    if mesh.is_multi_process:
+        raise ValueError(
+            "the mesh spans several processes, but the generation loops read their results back on "
+            "one host; build it from this process's devices: batch_mesh(jax.local_devices())."
+        )
 
 
 def replicate(mesh: Mesh | None, tree):

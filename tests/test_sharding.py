@@ -108,3 +108,12 @@ def test_shard_rows_pads_per_row_arrays_and_replicates_the_rest():
     assert got.temperature.sharding.spec == jax.sharding.PartitionSpec(("batch",))
     assert padded_rows(None, 3) == 3 and padded_rows(mesh, 3) == 3
     assert shard_rows(None, jnp.arange(3), 3, 4).tolist() == [0, 1, 2, 2]
+
+
+def test_a_mesh_that_is_not_one_is_a_clear_error():
+    from tiny import tiny_model
+
+    from jspec.decode import Decoder
+
+    with pytest.raises(ValueError, match=r"must be a jax\.sharding\.Mesh"):
+        Decoder(tiny_model("qwen2", seed=0), mesh=jax.devices())
