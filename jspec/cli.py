@@ -526,9 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _enable_compilation_cache() -> None:
     """Keeps compiled programs on disk under ``$JSPEC_CACHE/xla``, so a second CLI run skips most compilation.
 
-    ``JSPEC_XLA_CACHE=0`` turns it off. The test suite does: once a CLI test has
-    set the directory, every later compilation in that process would go through
-    XLA's executable (de)serialization, where the full run crashed three times.
+    ``JSPEC_XLA_CACHE=0`` turns it off (the test suite does, so that what a test compiles
+    never depends on what earlier runs left on disk).
     """
     import jax
 
