@@ -6,9 +6,10 @@ The generation loops are written for a batch; to spread it over devices, give
 of the mesh and weights are replicated (a model that fits one device, which is
 the case speculative decoding is for); XLA partitions the one jitted
 ``lax.while_loop`` from the inputs' shardings. The KV caches, the drafter's state
-and each row's work stay on the row's device; what crosses devices per step is
+and each row's forwards stay on the row's device; what crosses devices per step is
 small: the step's new keys and values (gathered for the cache write, B x T x
-kv heads x head dim per layer), the loop's exit test and its counters.
+kv heads x head dim per layer), the tokens it emitted (the output buffer is kept
+whole on every device), the loop's exit test and its counters.
 
 A batch that does not divide evenly is padded with filler rows (a copy of the
 first prompt with a budget of one token), which are dropped from the results
