@@ -241,16 +241,25 @@ class Batch(NamedTuple):
     prompt_len: int  # P, the prompt bucket
     max_new: int  # M, the new-token bucket
     cache_len: int  # KV slots for prompts and budget (:func:`cache_slots`); loops add what they verify
+    sampling: SamplingParams  # scalars, or per row padded like the prompts
+    key: jax.Array  # the request's PRNG key
 
 
 def batch_inputs(
-    prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None, mesh: Mesh | None = None
+    prompts,
+    max_new_tokens: int,
+    vocab_size: int | None,
+    max_position: int | None,
+    mesh: Mesh | None = None,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
 ) -> Batch:
     """A request made ready for a compiled loop, after :func:`validate_prompts` (both loops use it).
 
     With a ``mesh`` the rows are padded to a multiple of its devices with filler rows (the
     first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
-    over it (:mod:`jspec.sharding`).
+    over it (:mod:`jspec.sharding`), per-row sampling parameters with them; the key is
+    replicated. ``sampling`` defaults to greedy.
     """
     validate_prompts(prompts, max_new_tokens, vocab_size, max_position)
     prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
@@ -259,7 +268,9 @@ def batch_inputs(
     budget = jnp.where(jnp.arange(rows) < len(prompts), max_new_tokens, 1).astype(jnp.int32)
     slots = cache_slots(prompt_len, new_len, max(len(p) for p in prompts), max_new_tokens)
     padded, lengths, budget = shard_rows(mesh, (padded, lengths, budget), rows, rows)
-    return Batch(padded, lengths, budget, prompt_len, new_len, slots)
+    sampling = shard_rows(mesh, sampling or SamplingParams.greedy(), len(prompts), rows)
+    key = replicate(mesh, jax.random.PRNGKey(seed))
+    return Batch(padded, lengths, budget, prompt_len, new_len, slots, sampling, key)
 
 
 class Decoder:
@@ -298,12 +309,10 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
         """
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
         b, rows = len(prompts), batch.padded.shape[0]
-        sampling = shard_rows(self.mesh, sampling or SamplingParams.greedy(), b, rows)
         config = DecodeConfig(batch.prompt_len, batch.max_new, self.eos_ids, batch.cache_len)
-        key = replicate(self.mesh, jax.random.PRNGKey(seed))
-        args = (self.graphdef, self.state, *batch[:3], sampling, key, config)
+        args = (self.graphdef, self.state, *batch[:3], batch.sampling, batch.key, config)
         run, compile_s = compile_once(self._compiled, (rows, config), decode_loop, args)
         t0 = time.perf_counter()
         tokens, counts, calls = run(*args[1:7])

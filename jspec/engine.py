@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from jspec.decode import GenerationResult, batch_inputs, compile_once
 from jspec.drafters import Context
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.sharding import check_mesh, replicate, shard_rows
+from jspec.sharding import check_mesh, replicate
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
@@ -266,12 +266,11 @@ class SpeculativeDecoder:
         self._compiled: dict = {}
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
         b, rows = len(prompts), batch.padded.shape[0]  # rows past b: filler for an even split, dropped below
-        sampling = shard_rows(self.mesh, sampling or SamplingParams.greedy(), b, rows)
         config = SpecConfig(batch.prompt_len, batch.max_new, self.eos_ids, batch.cache_len)
-        args = (self.tgraph, self.tweights, self.drafter, self.dweights, *batch[:3], sampling)
-        args = (*args, replicate(self.mesh, jax.random.PRNGKey(seed)), config, self.verifier)
+        args = (self.tgraph, self.tweights, self.drafter, self.dweights, *batch[:3], batch.sampling, batch.key)
+        args = (*args, config, self.verifier)
         run, compile_s = compile_once(self._compiled, (rows, config), _spec_jit, args)
         dynamic = (args[1], *args[3:9])
         t0 = time.perf_counter()

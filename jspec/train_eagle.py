@@ -42,7 +42,8 @@ from jspec.models.llama import linear, rms_norm
 
 __all__ = [
     "PROMPT_SOURCES", "Recipe", "TrainConfig", "Trainer", "batch_order", "head_loss", "load_extra_data",
-    "loss_window", "make_optimizer", "prepare_data", "train_head", "ttt_forward", "window_starts",
+    "loss_window", "make_optimizer", "prepare_data", "teacher_forced_agreement", "train_head", "ttt_forward",
+    "window_starts",
 ]  # fmt: skip
 
 
@@ -201,6 +202,51 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
         losses.append(loss_k)
         accs.append(acc_k)
     return total, {"loss": jnp.stack(losses), "acc": jnp.stack(accs)}
+
+
+def teacher_forced_agreement(head: DraftHead, target, sequences, prompt_lengths, num_steps: int) -> np.ndarray:
+    """How often the head's top-1 draft at each TTT step is the token that follows, on given text.
+
+    Each sequence is a prompt and a continuation (at temperature 0: the target's own greedy
+    response, so a draft that agrees is a draft greedy verification accepts). Row r of step k
+    drafts token r + k + 2 after the true tokens up to r + k + 1, as in training
+    (:func:`ttt_forward`); only drafts a decoding loop could make count (continuation tokens after
+    the first, which the target writes itself at the end of prefill). One batched target forward
+    and one head pass, no decoding loop: a cheap held-out check of a head, and the chance a chain
+    draft at position k is accepted when its earlier drafts were.
+
+    Args:
+      sequences: lists of target token ids, each a prompt followed by its continuation.
+      prompt_lengths: the prompt's length in each sequence (at least 1).
+      num_steps: TTT steps to score (draft positions 1 .. num_steps).
+
+    Returns:
+      float[num_steps, 2]: per step, (drafts that agree, drafts scored).
+    """
+    lengths = np.array([len(s) for s in sequences])
+    prompt_lengths = np.asarray(prompt_lengths)
+    if len(sequences) != len(prompt_lengths) or np.any(prompt_lengths < 1) or np.any(prompt_lengths > lengths):
+        raise ValueError("each sequence needs a prompt length between 1 and its own length.")
+    b, t = len(sequences), int(lengths.max()) + 1  # one pad column: every row has a pair to the end
+    tokens = np.zeros((b, t), np.int32)
+    for i, s in enumerate(sequences):
+        tokens[i, : len(s)] = s  # right padding: causal attention keeps it out of the real rows
+    tokens = jnp.asarray(tokens)
+    c = head.config
+    layers = (c.num_target_layers - 1,) if c.kind == "eagle1" else c.feature_layers
+    positions = jnp.broadcast_to(jnp.arange(t)[None], (b, t))
+    hidden = target(tokens, positions, target.init_cache(b, t), hidden_layers=layers).hidden_states
+    outs = ttt_forward(head, tokens, head.fuse(hidden)[:, :-1], num_steps)
+    d2t = np.asarray(head.d2t[...])
+    rows = np.arange(t - 1)[None, :]
+    counts = np.zeros((num_steps, 2))
+    for k, h in enumerate(outs):
+        draft = d2t[np.asarray(jnp.argmax(head.logits(h), axis=-1))]  # [B, T - 1], drafts token r + k + 2
+        truth = np.asarray(tokens)[:, np.minimum(rows[0] + k + 2, t - 1)]
+        # as in decoding: the target writes the first continuation token, draft k comes k + 1 after the pending one
+        scored = (rows + 1 >= prompt_lengths[:, None]) & (rows + k + 2 < lengths[:, None])
+        counts[k] = (np.sum(scored & (draft == truth)), np.sum(scored))
+    return counts
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:

@@ -10,7 +10,7 @@ from tiny import peaked_model, tiny_model
 from jspec.decode import Decoder
 from jspec.eagle import DraftHead, EagleDrafter, HeadConfig, draft_vocabulary, ttt_mask
 from jspec.engine import SpeculativeDecoder
-from jspec.train_eagle import TrainConfig, Trainer, batch_order, head_loss, ttt_forward
+from jspec.train_eagle import TrainConfig, Trainer, batch_order, head_loss, teacher_forced_agreement, ttt_forward
 
 V = 97
 
@@ -378,3 +378,23 @@ def test_loss_on_the_window_equals_the_loss_on_every_row(target, kind):
     mask[2, 17] = False  # two responses in one sequence: the window cannot hold the loss
     with pytest.raises(ValueError, match="not one run"):
         loss_window(mask, steps)
+
+
+def test_teacher_forced_agreement_scores_the_drafts_decoding_would_make(target):
+    """A continuation written by the head's own step-0 drafts agrees at every scored row of step 0."""
+    head = _head(target, "eagle3")
+    d2t = np.asarray(head.d2t[...])
+    prompt = [5, 6, 7, 8, 9, 10]
+    seq = [*prompt, int(d2t[3])]  # the first continuation token: the target's, never drafted
+    for _ in range(7):
+        tokens = jnp.asarray([seq])
+        out = ttt_forward(head, tokens, head.fuse(_features(target, tokens, head.config.feature_layers))[:, :-1], 1)
+        seq.append(int(d2t[int(jnp.argmax(head.logits(out[0][0, -1])))]))  # row len - 2 drafts token len
+    other = [11, 12, 13] + [int(x) for x in d2t[5:14]]  # padded beside the first in one batch
+    counts = teacher_forced_agreement(head, target, [seq, other], [len(prompt), 3], 3)
+    alone = teacher_forced_agreement(head, target, [other], [3], 3)
+    scored = [len(seq) - len(prompt) - 1 - k for k in range(3)]  # drafts k + 1 after each pending token
+    np.testing.assert_array_equal(counts[:, 1] - alone[:, 1], scored)
+    assert counts[0, 0] - alone[0, 0] == scored[0] == 7
+    with pytest.raises(ValueError, match="prompt length"):
+        teacher_forced_agreement(head, target, [seq], [0], 2)

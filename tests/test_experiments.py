@@ -80,3 +80,14 @@ def test_batch_decode_cost_small(tmp_path, smollm2):
     )
     assert report["step_ms"]["2x64"] > 0 and report["attention_layer"]["2x64"]["keys_mb"] > 0
     assert (tmp_path / "batch_decode_cost.json").exists()
+
+
+def test_head_agreement_small(tmp_path, smollm2):
+    head = ROOT / "models" / "heads" / "smollm2-135m-eagle3"
+    argv = ["--heads", str(head), "--prompts", "humaneval", "--limit", "1", "--max-new-tokens", "8", "--steps", "2"]
+    report = _load("head_agreement").main([*argv, "--out", str(tmp_path)])
+    row = report["heads"][str(head)]["humaneval"]
+    assert row["drafts_scored"] == [7, 6]  # 8 new tokens: the first is the target's; draft k + 1 scores 7 - k
+    a1, a2 = row["agreement"]
+    assert abs(row["chain_tau"] - (1 + a1 + a1 * a2)) < 1e-9
+    assert (tmp_path / "head_agreement.json").exists()
