@@ -277,7 +277,10 @@ class Trainer:
     def __init__(self, head: DraftHead, target_norm, target_rows, rms_eps: float, config: TrainConfig,
                  checkpoint_dir: str | pathlib.Path | None = None):  # fmt: skip
         self.config = config
-        self.graphdef, self.params, self.frozen = nnx.split(head, nnx.Param, ...)
+        self.graphdef, params, self.frozen = nnx.split(head, nnx.Param, ...)
+        # The trainer owns (and donates) its own copies: a parameter that shares a buffer with the
+        # target or the frozen arrays (a head initialized from the target's weights) stays intact.
+        self.params = jax.tree.map(jnp.copy, params)
         self.tx = make_optimizer(config)
         self.opt_state = self.tx.init(self.params)
         self.step = 0

@@ -107,6 +107,17 @@ def test_training_lowers_the_loss_and_raises_agreement():
     assert float(m1["acc"][0]) > float(m0["acc"][0]) + 0.1
 
 
+def test_a_head_sharing_the_targets_arrays_trains_and_leaves_them_intact(target):
+    """A head started from the target's own weights shares their buffers; training donates only its copies."""
+    head = _head(target, "eagle3")
+    head.final_norm[...] = target.final_norm[...]  # the same array, as a warm start would set it
+    before = np.asarray(target.final_norm[...]).copy()
+    trainer = _trainer(target, head, total_steps=2, warmup_steps=0, num_steps=2)
+    trainer.fit(_data(target, n=8))
+    np.testing.assert_array_equal(np.asarray(target.final_norm[...]), before)
+    assert not np.array_equal(np.asarray(trainer.head().final_norm[...]), before)
+
+
 def test_batch_order_is_a_function_of_the_step():
     a = [batch_order(10, 3, s, seed=0).tolist() for s in range(7)]
     assert a == [batch_order(10, 3, s, seed=0).tolist() for s in range(7)]
