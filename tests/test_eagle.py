@@ -397,10 +397,15 @@ def test_teacher_forced_agreement_scores_the_drafts_decoding_would_make(target):
     d2t = np.asarray(head.d2t[...])
     prompt = [5, 6, 7, 8, 9, 10]
     seq = [*prompt, int(d2t[3])]  # the first continuation token: the target's, never drafted
+
+    @jax.jit
+    def step0_drafts(tokens):  # causal: row r's draft reads tokens <= r + 1 only, so later filler is harmless
+        fused = head.fuse(_features(target, tokens, head.config.feature_layers))
+        return jnp.argmax(head.logits(ttt_forward(head, tokens, fused[:, :-1], 1)[0]), axis=-1)
+
     for _ in range(7):
-        tokens = jnp.asarray([seq])
-        out = ttt_forward(head, tokens, head.fuse(_features(target, tokens, head.config.feature_layers))[:, :-1], 1)
-        seq.append(int(d2t[int(jnp.argmax(head.logits(out[0][0, -1])))]))  # row len - 2 drafts token len
+        filled = jnp.asarray([seq + [0] * (14 - len(seq))])
+        seq.append(int(d2t[int(step0_drafts(filled)[0, len(seq) - 2])]))  # row len - 2 drafts token len
     other = [11, 12, 13] + [int(x) for x in d2t[5:14]]  # padded beside the first in one batch
     counts = teacher_forced_agreement(head, target, [seq, other], [len(prompt), 3], 3)
     alone = teacher_forced_agreement(head, target, [other], [3], 3)
