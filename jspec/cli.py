@@ -301,8 +301,12 @@ def _cmd_train(args) -> int:
                              "pass a --data folder of an earlier run.")  # fmt: skip
     if args.init and not (pathlib.Path(args.init) / "head.json").is_file():
         raise ValueError(f"--init {args.init} holds no saved head (no head.json); pass a folder jspec train wrote.")
+    if args.init and args.warm_start:
+        raise ValueError("--warm-start starts a new head from the target's weights and --init from a saved head; "
+                         "pass one of them.")  # fmt: skip
     if args.tiny:
-        recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init)
+        recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
+                                     warm_start=args.warm_start)  # fmt: skip
     else:
         warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
         train = TrainConfig(
@@ -314,7 +318,7 @@ def _cmd_train(args) -> int:
         recipe = Recipe(
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
-            prompt_source=args.prompt_source, init_from=args.init,
+            prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
@@ -500,6 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="HEAD_DIR",
         help="start from a saved head (fine-tuning; its draft vocabulary is kept)",
+    )
+    p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="start a new head's layer, fusion and output from the target's own weights (learns faster on little data)",
     )
     p.add_argument("--seq-len", type=_positive_int, default=256)
     p.add_argument("--max-new-tokens", type=_positive_int, default=192, help="response length when regenerating")

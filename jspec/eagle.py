@@ -212,6 +212,37 @@ class DraftHead(nnx.Module):
             self.final_norm[...] = target.final_norm[...]
             self.lm_head[...] = target.output_weights()[d2t]
 
+    def warm_start(self, target) -> None:
+        """Starts the trained weights from the target's own instead of at random (call after
+        :meth:`attach_target`, which sets the draft vocabulary).
+
+        The decoder layer becomes a copy of the target layer that follows the last feature layer
+        (EAGLE-1: the top layer), reading the feature half of its input as that layer reads its
+        residual stream (the embedding half keeps its random start); the fusion adds the identity
+        on the last feature layer's block, so the fused feature starts as that layer's hidden state;
+        the output layer and final norm become the target's for the draft vocabulary. The head then
+        starts from where the target goes next rather than from noise: with little data it learns
+        faster (BENCHMARKS.md, "warm start"). A target with qkv biases keeps only its weights.
+        """
+        c = self.config
+        if target.config.hidden_size != c.hidden_size or target.config.num_layers != c.num_target_layers:
+            raise ValueError("warm_start needs the target this head was built for (same hidden size and layers).")
+        H = c.hidden_size
+        p = target.layer_arrays(min(c.feature_layers[-1] + 1, c.num_target_layers - 1))
+        for name in ("wo", "mlp_norm", "w_gate_up", "w_down"):
+            getattr(self, name)[...] = p[name]
+        fc = self.fc[...]
+        if c.kind == "eagle3":
+            self.feat_norm[...] = p["attn_norm"]
+            self.wqkv[...] = self.wqkv[...].at[:, H:].set(p["wqkv"])
+            self.fc[...] = fc.at[:, -H:].add(jnp.eye(H, dtype=fc.dtype))
+            self.final_norm[...] = target.final_norm[...]
+            self.lm_head[...] = target.output_weights()[self.d2t[...]]
+        else:  # input [embedding, feature]: the feature's block; norm and output are frozen copies already
+            self.attn_norm[...] = p["attn_norm"]
+            self.wqkv[...] = p["wqkv"]
+            self.fc[...] = fc.at[:, H:].add(jnp.eye(H, dtype=fc.dtype))
+
 
 def draft_vocabulary(token_counts, size: int) -> np.ndarray:
     """int32[size]: the ``size`` most frequent target ids (ties to the smaller id), most frequent first."""

@@ -404,10 +404,13 @@ class Recipe:
     feature_layers: tuple[int, ...] | None = None
     train: TrainConfig = TrainConfig()
     init_from: str | None = None  # a saved head to start from (its draft vocabulary is kept)
+    warm_start: bool = False  # a new head starts from the target's weights (DraftHead.warm_start)
 
     def __post_init__(self):
         if self.prompt_source not in PROMPT_SOURCES:
             raise ValueError(f"unknown prompt source {self.prompt_source!r}; choose from {', '.join(PROMPT_SOURCES)}.")
+        if self.init_from and self.warm_start:
+            raise ValueError("a recipe starts from a saved head (init_from) or from the target (warm_start), not both.")
 
     @classmethod
     def tiny(cls, kind: str = "eagle3") -> Recipe:
@@ -501,6 +504,8 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
         head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
         head.attach_target(target, d2t)
+        if recipe.warm_start:
+            head.warm_start(target)
     trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
     resumed_from = trainer.step if trainer.restore() else None
     t1 = time.perf_counter()

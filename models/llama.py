@@ -187,6 +187,14 @@ class Transformer(nnx.Module):
         x = x + linear(jax.nn.silu(gate) * up, p["w_down"])
         return x
 
+    def layer_arrays(self, index: int) -> dict:
+        """Layer ``index``'s weights by name (:data:`LAYER_PARAMS`), whichever layer loop holds them."""
+        if not 0 <= index < self.config.num_layers:
+            raise ValueError(f"layer {index} out of range for a {self.config.num_layers}-layer model.")
+        if self.layer_loop == "scan":
+            return {name: w[index] for name, w in self.layers.arrays().items()}
+        return self.layers[index].arrays()
+
     def output_weights(self) -> jax.Array:
         """float[V, H]: the output layer (the embedding when tied)."""
         return (self.embed if self.lm_head is None else self.lm_head)[...]

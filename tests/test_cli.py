@@ -88,6 +88,15 @@ def test_generate_json_on_the_real_model(capsys, smollm2):
     assert out["stats"]["new_tokens"] == len(out["tokens"])
 
 
+def test_train_bad_input(capsys, tmp_path):
+    (tmp_path / "head.json").write_text("{}")
+    argv = ["train", "eagle3", "--out", str(tmp_path / "o"), "--init", str(tmp_path), "--warm-start"]
+    assert main(argv) == 2
+    assert "pass one of them" in capsys.readouterr().err
+    assert main(["train", "eagle3", "--out", str(tmp_path / "o"), "--init", str(tmp_path / "none")]) == 2
+    assert "no saved head" in capsys.readouterr().err
+
+
 def test_generate_bad_input(capsys):
     assert main(["generate", "--model", "nope", "--prompt", "x"]) == 2
     assert "known models" in capsys.readouterr().err

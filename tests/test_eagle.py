@@ -10,7 +10,15 @@ from tiny import peaked_model, tiny_model
 from jspec.decode import Decoder
 from jspec.eagle import DraftHead, EagleDrafter, HeadConfig, draft_vocabulary, ttt_mask
 from jspec.engine import SpeculativeDecoder
-from jspec.train_eagle import TrainConfig, Trainer, batch_order, head_loss, teacher_forced_agreement, ttt_forward
+from jspec.train_eagle import (
+    Recipe,
+    TrainConfig,
+    Trainer,
+    batch_order,
+    head_loss,
+    teacher_forced_agreement,
+    ttt_forward,
+)
 
 V = 97
 
@@ -414,3 +422,35 @@ def test_teacher_forced_agreement_scores_the_drafts_decoding_would_make(target):
     assert counts[0, 0] - alone[0, 0] == scored[0] == 7
     with pytest.raises(ValueError, match="prompt length"):
         teacher_forced_agreement(head, target, [seq], [0], 2)
+
+
+@pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
+def test_warm_started_head_starts_as_the_targets_next_layer(layer_loop):
+    """With its random parts zeroed, a warm-started EAGLE-3 head is the target layer after its last feature
+    layer, applied to that layer's hidden states, and its draft logits are the target's own (draft vocabulary)."""
+    target = tiny_model("llama", layer_loop=layer_loop, seed=0, num_layers=4)  # no qkv biases: the head has none
+    config = HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=40, feature_layers=(0, 1, 2))
+    head = DraftHead(config, rngs=nnx.Rngs(3))
+    head.attach_target(target, draft_vocabulary(np.arange(V)[::-1], 40))
+    random_fc = head.fc[...]
+    head.warm_start(target)
+    h = config.hidden_size
+    head.fc[...] = head.fc[...] - random_fc  # what warm_start added to the random fusion
+    head.wqkv[...] = head.wqkv[...].at[:, :h].set(0.0)  # the embedding half: its random start, zeroed
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 4, V)
+    hidden = _features(target, tokens, (0, 1, 2, 3))
+    pairs = jnp.broadcast_to(jnp.arange(1, 10), (2, 9))
+    out, _ = head(tokens[:, 1:], head.fuse(hidden[:3])[:, :-1], pairs, head.init_cache(2, 9))
+    np.testing.assert_allclose(out, hidden[3][:, :-1], atol=2e-5)  # layer 3 at positions 0..8
+    want = target.logits(hidden[3][:, :-1])[..., head.d2t[...]]
+    np.testing.assert_allclose(head.logits(out), want, atol=2e-4)
+    with pytest.raises(ValueError, match="not both"):
+        Recipe(init_from="somewhere", warm_start=True)
+
+
+def test_warm_start_copies_into_an_eagle1_head(target):
+    head = _head(target, "eagle1")
+    head.warm_start(target)
+    top = target.layer_arrays(target.config.num_layers - 1)
+    np.testing.assert_array_equal(head.wqkv[...], top["wqkv"])
+    np.testing.assert_array_equal(head.w_down[...], top["w_down"])
