@@ -28,8 +28,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
 
 
-def fresh_trainer(model, data: dict, args):
-    """A new EAGLE-3 head over the data's most frequent tokens and its trainer, as ``jspec train`` makes them."""
+STARTS = ("random", "output", "target")
+
+
+def fresh_trainer(model, data: dict, args, train=None, start: str = "random"):
+    """A new EAGLE-3 head over the data's most frequent tokens and its trainer, as ``jspec train`` makes them.
+
+    ``train``: a :class:`jspec.train_eagle.TrainConfig` (default: endless, for timing steps).
+    ``start``: "random"; "output" (the target's final norm and output rows only); "target"
+    (:meth:`jspec.eagle.DraftHead.warm_start`, what ``jspec train --warm-start`` does).
+    """
     from flax import nnx
 
     from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
@@ -37,7 +45,15 @@ def fresh_trainer(model, data: dict, args):
 
     head = DraftHead(HeadConfig.for_target(model.config, "eagle3", args.draft_vocab), rngs=nnx.Rngs(0))
     head.attach_target(model, draft_vocabulary(data["counts"], args.draft_vocab))
-    train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
+    if start == "output":
+        head.final_norm[...] = model.final_norm[...]
+        head.lm_head[...] = model.output_weights()[head.d2t[...]]
+    elif start == "target":
+        head.warm_start(model)
+    elif start != "random":
+        raise ValueError(f"unknown start {start!r}; choose from {', '.join(STARTS)}.")
+    if train is None:
+        train = TrainConfig(num_steps=args.ttt_steps, batch_size=args.batch_size, total_steps=10**6, warmup_steps=1)
     return Trainer.for_target(head, model, train)
 
 

@@ -53,20 +53,25 @@ def test_bench_sampling_small():
         assert row["same_support"] and row["top_p_0.95"] > 0
 
 
-def test_bench_train_step_small(tmp_path, smollm2):
+def _random_training_data(folder, hidden_size):
+    """A small data set in ``jspec train``'s format, random features: enough to run a training step."""
     import numpy as np
 
     from jspec.eagle_data import write_shards
 
     rng = np.random.default_rng(0)
-    n, t, h = 6, 24, smollm2[0].config.hidden_size
+    n, t, h = 6, 24, hidden_size
     mask = np.zeros((n, t), bool)
     for i in range(n):
         mask[i, 4 + i : 12 + i] = True  # one response per example
     data = {"tokens": rng.integers(0, 1000, (n, t)).astype(np.int32), "mask": mask,
             "features": rng.standard_normal((n, t, 3, h)).astype(np.float16),
             "top": rng.standard_normal((n, t, h)).astype(np.float16), "counts": np.ones(49152, np.int64)}  # fmt: skip
-    write_shards(data, tmp_path / "d", {"feature_layers": [2, 15, 27]})
+    write_shards(data, folder, {"feature_layers": [2, 15, 27]})
+
+
+def test_bench_train_step_small(tmp_path, smollm2):
+    _random_training_data(tmp_path / "d", smollm2[0].config.hidden_size)
     args = ["--data", str(tmp_path / "d"), "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "64"]
     report = _load("bench_train_step").main([*args, "--repeats", "1"])
     assert report["window"] == 16 and report["median_step_seconds"]["window"] > 0
@@ -91,3 +96,15 @@ def test_head_agreement_small(tmp_path, smollm2):
     a1, a2 = row["agreement"]
     assert abs(row["chain_tau"] - (1 + a1 + a1 * a2)) < 1e-9
     assert (tmp_path / "head_agreement.json").exists()
+
+
+def test_warm_start_small(tmp_path, smollm2):
+    _random_training_data(tmp_path / "d", smollm2[0].config.hidden_size)
+    argv = ["--data", str(tmp_path / "d"), "--steps", "2", "--batch-size", "2", "--ttt-steps", "2",
+            "--draft-vocab", "64", "--starts", "random,target", "--prompts", "humaneval", "--limit", "1",
+            "--max-new-tokens", "6"]  # fmt: skip
+    report = _load("warm_start").main([*argv, "--out", str(tmp_path / "o")])
+    assert set(report["starts"]) == {"random", "target"}
+    for row in report["starts"].values():
+        assert row["held_out"]["humaneval"]["drafts_scored"] == [5, 4]
+    assert (tmp_path / "o" / "warm_start.json").exists()
