@@ -46,8 +46,7 @@ def fresh_trainer(model, data: dict, args, train=None, start: str = "random"):
     head = DraftHead(HeadConfig.for_target(model.config, "eagle3", args.draft_vocab), rngs=nnx.Rngs(0))
     head.attach_target(model, draft_vocabulary(data["counts"], args.draft_vocab))
     if start == "output":
-        head.final_norm[...] = model.final_norm[...]
-        head.lm_head[...] = model.output_weights()[head.d2t[...]]
+        head.copy_target_output(model)
     elif start == "target":
         head.warm_start(model)
     elif start != "random":

@@ -209,8 +209,13 @@ class DraftHead(nnx.Module):
         self.d2t[...] = d2t
         self.t2d[...] = target_to_draft(d2t, c.vocab_size)
         if c.kind == "eagle1":
-            self.final_norm[...] = target.final_norm[...]
-            self.lm_head[...] = target.output_weights()[d2t]
+            self.copy_target_output(target)
+
+    def copy_target_output(self, target) -> None:
+        """The target's final norm and its output rows for the draft vocabulary (after :meth:`attach_target`):
+        EAGLE-1 keeps them frozen; an EAGLE-3 head can start from them and train them."""
+        self.final_norm[...] = target.final_norm[...]
+        self.lm_head[...] = target.output_weights()[self.d2t[...]]
 
     def warm_start(self, target) -> None:
         """Starts the trained weights from the target's own instead of at random (call after
@@ -236,8 +241,7 @@ class DraftHead(nnx.Module):
             self.feat_norm[...] = p["attn_norm"]
             self.wqkv[...] = self.wqkv[...].at[:, H:].set(p["wqkv"])
             self.fc[...] = fc.at[:, -H:].add(jnp.eye(H, dtype=fc.dtype))
-            self.final_norm[...] = target.final_norm[...]
-            self.lm_head[...] = target.output_weights()[self.d2t[...]]
+            self.copy_target_output(target)
         else:  # input [embedding, feature]: the feature's block; norm and output are frozen copies already
             self.attn_norm[...] = p["attn_norm"]
             self.wqkv[...] = p["wqkv"]

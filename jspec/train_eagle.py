@@ -231,18 +231,17 @@ def teacher_forced_agreement(head: DraftHead, target, sequences, prompt_lengths,
     tokens = np.zeros((b, t), np.int32)
     for i, s in enumerate(sequences):
         tokens[i, : len(s)] = s  # right padding: causal attention keeps it out of the real rows
-    tokens = jnp.asarray(tokens)
     c = head.config
     layers = (c.num_target_layers - 1,) if c.kind == "eagle1" else c.feature_layers
     positions = jnp.broadcast_to(jnp.arange(t)[None], (b, t))
-    hidden = target(tokens, positions, target.init_cache(b, t), hidden_layers=layers).hidden_states
-    outs = ttt_forward(head, tokens, head.fuse(hidden)[:, :-1], num_steps)
+    hidden = target(jnp.asarray(tokens), positions, target.init_cache(b, t), hidden_layers=layers).hidden_states
+    outs = ttt_forward(head, jnp.asarray(tokens), head.fuse(hidden)[:, :-1], num_steps)
     d2t = np.asarray(head.d2t[...])
     rows = np.arange(t - 1)[None, :]
     counts = np.zeros((num_steps, 2))
     for k, h in enumerate(outs):
         draft = d2t[np.asarray(jnp.argmax(head.logits(h), axis=-1))]  # [B, T - 1], drafts token r + k + 2
-        truth = np.asarray(tokens)[:, np.minimum(rows[0] + k + 2, t - 1)]
+        truth = tokens[:, np.minimum(rows[0] + k + 2, t - 1)]
         # as in decoding: the target writes the first continuation token, draft k comes k + 1 after the pending one
         scored = (rows + 1 >= prompt_lengths[:, None]) & (rows + k + 2 < lengths[:, None])
         counts[k] = (np.sum(scored & (draft == truth)), np.sum(scored))
