@@ -8,8 +8,8 @@ hour buys. Each step attends over every slot of the cache (static shapes), so th
 timed at several capacities (half of it filled; the cache donated, as in the decode loop),
 and the attention's two products alone, for one layer, beside the time it takes just to read
 that layer's keys. With ``--generate B``, one batch of B training prompts is decoded as
-``jspec.eagle_data.generate_examples`` does (stdlib prompts, 160 new tokens within 256), with the
-cache the two buckets add up to and with the one :func:`jspec.decode.cache_slots` picks, taking
+``jspec.training.data.generate_examples`` does (stdlib prompts, 160 new tokens within 256), with the
+cache the two buckets add up to and with the one :func:`jspec.batching.cache_slots` picks, taking
 turns. Writes ``batch_decode_cost.json`` to --out.
 """
 
@@ -77,9 +77,10 @@ def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dic
 
 def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int = 256, max_new: int = 160) -> dict:
     """Seconds to decode one batch of training prompts with each cache size (greedy, same tokens)."""
-    from jspec.decode import DecodeConfig, batch_inputs, compile_once, decode_loop
-    from jspec.eagle_data import fitting_prompts, stdlib_prompts
+    from jspec.batching import LoopConfig, batch_inputs, compile_once
+    from jspec.decode import PlainLoop, decode_loop
     from jspec.sampling import SamplingParams
+    from jspec.training.data import fitting_prompts, stdlib_prompts
 
     prompts = sorted(fitting_prompts(tokenizer, stdlib_prompts(), seq_len - 64, 4 * batch), key=len)
     ids = prompts[len(prompts) // 2 : len(prompts) // 2 + batch]  # a middle batch of the sorted data
@@ -88,12 +89,12 @@ def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int =
     p, m = batch.prompt_len, batch.max_new
     graphdef, state = nnx.split(model)
     eos = tuple(tokenizer.eos_token_ids)
-    configs = {"buckets": DecodeConfig(p, m, eos), "tight": DecodeConfig(p, m, eos, batch.cache_len)}
+    configs = {"buckets": LoopConfig(p, m, eos), "tight": LoopConfig(p, m, eos, batch.cache_len)}
     compiled, seconds, outputs = {}, {k: [] for k in configs}, {}
     args = (state, *batch[:3], SamplingParams.greedy(), jax.random.PRNGKey(0))
     for i in range(repeats + 1):  # round 0 compiles
         for name, config in configs.items():
-            run, _ = compile_once(compiled, name, decode_loop, (graphdef, *args, config))
+            run, _ = compile_once(compiled, name, decode_loop, (PlainLoop(graphdef, config), *args))
             t0 = time.perf_counter()
             tokens, _, _ = jax.block_until_ready(run(*args))
             if i:
@@ -102,7 +103,7 @@ def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int =
     return {
         "prompt_bucket": p,
         "new_bucket": m,
-        "capacity": {k: c.capacity for k, c in configs.items()},
+        "capacity": {k: c.capacity() for k, c in configs.items()},
         "seconds": {k: float(np.median(v)) for k, v in seconds.items()},
         "same_tokens": bool((outputs["buckets"] == outputs["tight"]).all()),
     }

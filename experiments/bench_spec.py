@@ -44,8 +44,7 @@ SETUPS = {
 
 def _tree(spec: str):
     """A --trees entry: a branching list "2,2,2" or "dynamic:TOP_K:DEPTH:NODES"."""
-    from jspec.eagle import DynamicTreeSpec
-    from jspec.tree import StaticTree
+    from jspec.tree import DynamicTreeSpec, StaticTree
 
     if spec.startswith("dynamic"):
         top_k, depth, nodes = (int(x) for x in spec.split(":")[1:])
@@ -53,12 +52,12 @@ def _tree(spec: str):
     return StaticTree.from_branching(_ints(spec))
 
 
-def _drafter_ms(target, drafter, weights, context: int = 256) -> dict:
+def _drafter_ms(target, drafter, context: int = 256) -> dict:
     """One propose and one commit of ``drafter`` alone (batch 1, ``context`` committed tokens), in ms."""
     import jax
     import jax.numpy as jnp
 
-    from jspec.drafters import Context
+    from jspec.drafters import Context, Feedback
     from jspec.sampling import SamplingParams
 
     greedy = SamplingParams.greedy()
@@ -69,15 +68,15 @@ def _drafter_ms(target, drafter, weights, context: int = 256) -> dict:
     out = jax.jit(lambda t: target(t, positions, target.init_cache(1, capacity), hidden_layers=layers))(tokens)
     history = jnp.zeros((1, capacity), jnp.int32).at[:, :context].set(tokens).at[:, context].set(7)
     ctx = Context(history, jnp.array([context + 1]), jnp.array([context]))
-    state = drafter.init(weights, tokens, ctx, capacity, greedy, out.hidden_states)
-    propose = jax.jit(lambda w, s, c: drafter.propose(w, s, c, jax.random.PRNGKey(1), greedy)[0])
+    state = drafter.init(tokens, ctx, capacity, greedy, out.hidden_states)
+    propose = jax.jit(lambda d, s, c: d.propose(s, c, jax.random.PRNGKey(1), greedy)[0])
     n = drafter.num_draft
     hidden = tuple(h[:, : n + 1] for h in out.hidden_states)
     after = Context(history, ctx.length + n, ctx.cache_length + n)
-    commit = jax.jit(lambda w, s, c, h: drafter.commit(w, s, c, jnp.array([n - 1]), h))
+    commit = jax.jit(lambda d, s, c, h: d.commit(s, c, Feedback(jnp.array([n - 1]), h)))
     return {
-        "propose_ms": _median_ms(lambda: propose(weights, state, ctx)),
-        "commit_ms": _median_ms(lambda: commit(weights, state, after, hidden)),
+        "propose_ms": _median_ms(lambda: propose(drafter, state, ctx)),
+        "commit_ms": _median_ms(lambda: commit(drafter, state, after, hidden)),
     }
 
 
@@ -122,7 +121,7 @@ def _lookup_ms(drafter, vocab_size: int, capacity: int = 512, length: int = 300)
 
     history = jax.random.randint(jax.random.PRNGKey(0), (1, capacity), 0, vocab_size)
     ctx = Context(history, jnp.array([length]), jnp.array([length - 1]))
-    propose = jax.jit(lambda ctx: drafter.propose((), (), ctx, jax.random.PRNGKey(1), SamplingParams.greedy())[0])
+    propose = jax.jit(lambda ctx: drafter.propose((), ctx, jax.random.PRNGKey(1), SamplingParams.greedy())[0])
     return _median_ms(lambda: propose(ctx), repeats=20)
 
 
@@ -148,7 +147,8 @@ def worker_jspec(setup: dict, args) -> dict:
     out = {"engine": "jspec", "backend": jax.default_backend(), "jax": jax.__version__}
     head = draft_model = None
     if setup["method"] == "eagle3":
-        from jspec.eagle import EagleDrafter, load_head
+        from jspec.drafters import EagleDrafter
+        from jspec.heads import load_head
         from jspec.models.hub import shipped_head
 
         head = load_head(args.head or shipped_head(setup["target"], "eagle3"), target)
@@ -160,33 +160,33 @@ def worker_jspec(setup: dict, args) -> dict:
         kind, value = key.split("=", 1)
         if head is not None:
             tree = _tree(value) if kind == "tree" else None
-            return EagleDrafter.from_head(head, 0 if tree else int(value), vocab, tree)
+            return EagleDrafter.from_head(head, target, num_draft=None if tree else int(value), tree=tree)
         if draft_model is None:
-            return PromptLookup(int(value), vocab), ()
+            return PromptLookup(num_draft=int(value))
         if kind == "tree":  # static trees only: the draft model's top choices below each node
-            return DraftModel.from_model(draft_model, 0, vocab, _tree(value))
-        return DraftModel.from_model(draft_model, int(value), vocab)
+            return DraftModel.from_model(draft_model, target, tree=_tree(value))
+        return DraftModel.from_model(draft_model, target, num_draft=int(value))
 
     keys = [f"N={n}" for n in grid] + [f"tree={t}" for t in trees]
 
     def width(drafter) -> int:
         """Tokens in one verify forward: a tree's nodes, or the pending token and N drafts."""
-        return getattr(drafter, "num_nodes", None) or drafter.num_draft + 1
+        return drafter.num_nodes or drafter.num_draft + 1
 
-    widths = {key: width(drafter_for(key)[0]) for key in keys}
+    widths = {key: width(drafter_for(key)) for key in keys}
 
     # Costs measured alone.
     ms = forward_cost(target, max_k=max(widths.values()), context=256)
     relative = {k: v / ms[1] for k, v in ms.items()}
     costs = {"target_ms": ms, "relative": relative}
     if draft_model is not None:
-        draft_trees = [drafter_for(k)[0].tree.fed_per_depth for k in keys if k.startswith("tree=")]
+        draft_trees = [drafter_for(k).tree.fed_per_depth for k in keys if k.startswith("tree=")]
         dms = forward_cost(draft_model, max_k=max([2, *(max(f) for f in draft_trees if f)]), context=256)
         costs |= {"draft_ms": dms, "c": dms[1] / ms[1], "draft_r2": dms[2] / dms[1]}
     elif head is not None:
-        costs |= {"head_ms": {key: _drafter_ms(target, *drafter_for(key)) for key in keys}}
+        costs |= {"head_ms": {key: _drafter_ms(target, drafter_for(key)) for key in keys}}
     else:
-        lookup = {n: _lookup_ms(PromptLookup(n, vocab), vocab) for n in grid}
+        lookup = {n: _lookup_ms(PromptLookup(num_draft=n), vocab) for n in grid}
         costs |= {"lookup_ms": lookup}
     out["costs"] = costs
     print(f"  costs: {json.dumps(costs)}", file=sys.stderr)
@@ -203,7 +203,7 @@ def worker_jspec(setup: dict, args) -> dict:
         c = costs["c"]
         if key.startswith("tree="):  # the catch-up forward, then one forward per fed depth
             r_d = {k: v / costs["draft_ms"][1] for k, v in costs["draft_ms"].items()}
-            fed = drafter_for(key)[0].tree.fed_per_depth
+            fed = drafter_for(key).tree.fed_per_depth
             return c * (costs["draft_r2"] + sum(r_d[f] for f in fed)), 0.0, c
         return c * (costs["draft_r2"] + n - 1), 0.0, c
 
@@ -216,11 +216,10 @@ def worker_jspec(setup: dict, args) -> dict:
         decoders = None
         jax.clear_caches()
         gc.collect()
-        plain = Decoder(target, eos)
+        plain = Decoder(target, eos_ids=eos)
         decoders = {"ar": plain}
         for key in keys:
-            drafter, weights = drafter_for(key)
-            decoders[key] = SpeculativeDecoder(target, drafter, weights, eos)
+            decoders[key] = SpeculativeDecoder(target, drafter_for(key), eos_ids=eos)
         # Prefill alone: a one-token generation per prompt.
         prefill = run_prompts(plain, prompt_ids, 1, SamplingParams.greedy())
         for t in _floats(args.temperatures):

@@ -6,7 +6,7 @@
 Step 0 of training-time test runs on every row (each is context for later
 steps); steps after it, the output layer and the loss can run on the loss
 window alone: the rows whose predicted tokens are response tokens
-(:func:`jspec.train_eagle.loss_window`). The loss and its gradients are the
+(:func:`jspec.training.loss.loss_window`). The loss and its gradients are the
 same (tests/test_eagle.py); this times both on the same batches of a prepared
 data set, taking turns, so that drift in the machine's speed hits both alike.
 """
@@ -34,14 +34,14 @@ STARTS = ("random", "output", "target")
 def fresh_trainer(model, data: dict, args, train=None, start: str = "random"):
     """A new EAGLE-3 head over the data's most frequent tokens and its trainer, as ``jspec train`` makes them.
 
-    ``train``: a :class:`jspec.train_eagle.TrainConfig` (default: endless, for timing steps).
+    ``train``: a :class:`jspec.training.TrainConfig` (default: endless, for timing steps).
     ``start``: "random"; "output" (the target's final norm and output rows only); "target"
-    (:meth:`jspec.eagle.DraftHead.warm_start`, what ``jspec train --warm-start`` does).
+    (:meth:`jspec.heads.DraftHead.warm_start`, what ``jspec train --warm-start`` does).
     """
     from flax import nnx
 
-    from jspec.eagle import DraftHead, HeadConfig, draft_vocabulary
-    from jspec.train_eagle import TrainConfig, Trainer
+    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.training import TrainConfig, Trainer
 
     head = DraftHead(HeadConfig.for_target(model.config, "eagle3", args.draft_vocab), rngs=nnx.Rngs(0))
     head.attach_target(model, draft_vocabulary(data["counts"], args.draft_vocab))
@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from jspec.eagle_data import load_shards
     from jspec.models.hub import load_model
-    from jspec.train_eagle import batch_order, loss_window
+    from jspec.training.data import load_shards
+    from jspec.training.loss import loss_window
+    from jspec.training.trainer import batch_order
 
     model, _ = load_model(args.model)
     data, _ = load_shards(args.data)

@@ -66,12 +66,13 @@ def main(argv: list[str] | None = None) -> dict:
         trained[variant] = pathlib.Path(folder)
 
     from jspec.bench import run_prompts
-    from jspec.eagle import EagleDrafter, load_head
+    from jspec.drafters import EagleDrafter
     from jspec.engine import SpeculativeDecoder
+    from jspec.heads import load_head
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
-    from jspec.train_eagle import Recipe, train_head
+    from jspec.training import Recipe, train_head
 
     model, tokenizer = load_model(args.model)
     base = Recipe.tiny() if args.tiny else Recipe()
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
             head, train_report = train_head(model, tokenizer, recipe, args.out / "heads" / variant,
                                             model_name=args.model, data_dir=args.data,
                                             progress=sys.stderr.isatty())  # fmt: skip
-        drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
-        decoder = SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
+        drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
+        decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
         results = {}
         for name, prompt_ids in ids.items():
             for t in (0.0, 1.0):

@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from jspec.eagle_data import feature_forward, load_shards
     from jspec.models.hub import load_model
-    from jspec.train_eagle import batch_order
+    from jspec.training.data import feature_forward, load_shards
+    from jspec.training.trainer import batch_order
 
     model, _ = load_model(args.model)
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@
 
 The target writes greedy responses to the first ``--limit`` prompts of each set once; each
 head then drafts every position of those responses from the true prefix
-(:func:`jspec.train_eagle.teacher_forced_agreement`: one target forward and one head pass per
+(:func:`jspec.training.loss.teacher_forced_agreement`: one target forward and one head pass per
 head, no decoding loop). At temperature 0 the agreement at draft position k is the chance a
 chain's draft k is accepted when drafts 1 .. k - 1 were, so 1 + a1 + a1 a2 + ... estimates a
 chain's τ. Compares heads (data sizes, recipes) on the same text in minutes. Writes
@@ -35,13 +35,13 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--heads: {h} holds no head.json; pass folders written by jspec train.")
 
     from jspec.decode import Decoder
-    from jspec.eagle import load_head
+    from jspec.heads import load_head
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
-    from jspec.train_eagle import teacher_forced_agreement
+    from jspec.training.loss import teacher_forced_agreement
 
     model, tokenizer = load_model(args.model)
-    decoder = Decoder(model, tokenizer.eos_token_ids)
+    decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)
     texts = {}
     for name in args.prompts.split(","):
         prompts = [

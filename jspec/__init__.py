@@ -1,29 +1,77 @@
-"""jspec: exact speculative decoding in JAX."""
+"""jspec: exact speculative decoding in JAX.
 
+The usual entry points::
+
+    import jspec
+
+    spec = jspec.Speculator("smollm2-135m", drafter="eagle3")        # text in, text out
+    out = spec.generate(["Why is the sky blue?"], chat=True)
+
+    model, tokenizer = jspec.load_model("smollm2-135m")              # token ids in, token ids out
+    drafter = jspec.make_drafter("ngram", model, num_draft=4)
+    result = jspec.SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids).generate([ids], 64)
+
+The math (verification, speedup) is exported too. ``jspec.models`` (the ``models/`` folder of
+the repository, installed under jspec's name) holds the target model families and loaders.
+"""
+
+from jspec.api import Completions, Speculator, make_decoder
+from jspec.decode import Decoder
+from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup, make_drafter
+from jspec.engine import SpeculativeDecoder
+from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, check_distribution, probs_from_logits, sample
 from jspec.speedup import best_num_draft, expected_alpha, expected_tokens, speedup
+from jspec.tree import DynamicTreeSpec, StaticTree
 from jspec.verify import (
     ChainVerdict,
     acceptance_probability,
     residual_distribution,
     verify_chain,
     verify_chain_batch,
+    verify_chain_batch_logits,
+    verify_chain_logits,
 )
 
 __version__ = "0.1.0"
 
+
+def load_model(name_or_path: str, *, layer_loop: str | None = None):
+    """(model, tokenizer) for a registry name (fetched, SHA-256 verified, converted once) or a
+    Hugging Face folder; see :func:`jspec.models.hub.load_model`."""
+    from jspec.models.hub import load_model as _load
+
+    return _load(name_or_path, layer_loop=layer_loop)
+
+
 __all__ = [
     "ChainVerdict",
+    "Completions",
+    "Decoder",
+    "DraftModel",
+    "Drafter",
+    "DynamicTreeSpec",
+    "EagleDrafter",
+    "GenerationResult",
+    "PromptLookup",
     "SamplingParams",
+    "SpeculativeDecoder",
+    "Speculator",
+    "StaticTree",
     "acceptance_probability",
     "best_num_draft",
     "check_distribution",
     "expected_alpha",
     "expected_tokens",
+    "load_model",
+    "make_decoder",
+    "make_drafter",
     "probs_from_logits",
     "residual_distribution",
     "sample",
     "speedup",
     "verify_chain",
     "verify_chain_batch",
+    "verify_chain_batch_logits",
+    "verify_chain_logits",
 ]

@@ -10,38 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
-from jspec.decode import bucket
-from jspec.engine import acceptance_by_position
+from jspec.batching import bucket
+from jspec.results import GenerationResult
 
 __all__ = ["predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
-
-
-class _Totals:
-    """What runs of one decoder measured, summed."""
-
-    def __init__(self):
-        self.totals = {"new_tokens": 0, "seconds": 0.0, "compile_seconds": 0.0, "target_calls": 0}
-        self.spec = {"verify_steps": 0, "plain_steps": 0, "emitted_in_verify": 0, "live_row_steps": 0}
-        self.hist = None
-
-    def add(self, r) -> None:
-        for key in self.totals:
-            self.totals[key] += getattr(r, key)
-        if hasattr(r, "accept_hist"):
-            for key in self.spec:
-                self.spec[key] += getattr(r, key)
-            self.hist = np.asarray(r.accept_hist) + (0 if self.hist is None else self.hist)
-
-    def entry(self) -> dict:
-        t = self.totals
-        entry = t | {"tokens_per_s": t["new_tokens"] / t["seconds"] if t["seconds"] else 0.0}
-        if self.hist is None:
-            return entry | {"tau": 1.0}
-        s = self.spec
-        tau = s["emitted_in_verify"] / s["live_row_steps"] if s["live_row_steps"] else 0.0
-        return entry | s | {"tau": tau, "acceptance_by_position": acceptance_by_position(self.hist)}
 
 
 def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> float:
@@ -71,17 +43,22 @@ def run_interleaved(
       prompt_ids: token ids per prompt; prompt i is generated with seed ``seed + i``.
 
     Returns:
-      name -> a dict with ``new_tokens``, ``seconds`` (the loops alone), ``compile_seconds``,
-      ``target_calls``, ``tokens_per_s``, ``tau`` (1.0 for plain decoding) and, for
-      speculative decoders, ``verify_steps``, ``plain_steps`` and ``acceptance_by_position``.
+      name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
+      ``seconds`` (the loops alone), ``compile_seconds``, ``target_calls``, ``tokens_per_s``,
+      ``tau`` (1.0 for plain decoding) and, for speculative decoders, ``verify_steps``,
+      ``plain_steps`` and ``acceptance_by_position``.
     """
-    totals = {name: _Totals() for name in decoders}
-    for name, decoder in decoders.items():
-        totals[name].totals["compile_seconds"] += warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed)
+    compile_s = {
+        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed) for name, decoder in decoders.items()
+    }
+    runs = {name: [] for name in decoders}
     for i, prompt in enumerate(prompt_ids):
         for name, decoder in decoders.items():
-            totals[name].add(decoder.generate([list(prompt)], max_new_tokens, sampling, seed=seed + i))
-    return {name: t.entry() for name, t in totals.items()}
+            runs[name].append(decoder.generate([list(prompt)], max_new_tokens, sampling, seed=seed + i))
+    totals = {name: GenerationResult.total(results) for name, results in runs.items()}
+    for name, total in totals.items():
+        total.compile_seconds += compile_s[name]
+    return {name: total.stats() for name, total in totals.items()}
 
 
 def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> dict:

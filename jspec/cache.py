@@ -42,10 +42,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
-
     def rollback(self, lengths: jax.Array) -> KVCache:
         """Sets each row's logical length; slots past it are ignored and later overwritten."""
         return dataclasses.replace(self, lengths=jnp.asarray(lengths, jnp.int32))
@@ -72,10 +68,6 @@ class KVCache:
         k = self.k.at[:, rows, dst].set(self.k[:, rows, src], mode="drop")
         v = self.v.at[:, rows, dst].set(self.v[:, rows, src], mode="drop")
         return KVCache(k, v, jnp.asarray(start + num_new, jnp.int32))
-
-    def valid_mask(self) -> jax.Array:
-        """bool[B, S]: the committed slots."""
-        return jnp.arange(self.capacity)[None, :] < self.lengths[:, None]
 
     def causal_mask(self, num_new: int) -> jax.Array:
         """bool[B, T, S]: new token t of row b sees the committed slots and new tokens 0..t."""

@@ -13,8 +13,6 @@ and compared with the critical value for the summed degrees of freedom.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +20,9 @@ import numpy as np
 from scipy import stats
 
 from jspec.sampling import sample
+from jspec.simulate import Verifier, simulate_steps
 from jspec.speedup import expected_alpha, expected_tokens_from_rates
-from jspec.verify import ChainVerdict, verify_chain
+from jspec.verify import verify_chain
 
 __all__ = [
     "CheckConfig",
@@ -34,9 +33,7 @@ __all__ = [
     "verify_chain_without_residual",
 ]
 
-Verifier = Callable[..., ChainVerdict]
 _MIN_EXPECTED = 5.0  # Pearson's rule of thumb; rarer tokens are pooled into one bin.
-_CHUNK = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +59,13 @@ class CheckConfig:
 
     def __post_init__(self):
         if self.steps < 100:
-            raise ValueError(f"--steps must be at least 100 for a meaningful test; got {self.steps}.")
+            raise ValueError(f"steps must be at least 100 for a meaningful test; got {self.steps}.")
         if self.num_draft < 1:
-            raise ValueError(f"--num-draft (N) must be >= 1; got {self.num_draft}.")
+            raise ValueError(f"num_draft (N) must be >= 1; got {self.num_draft}.")
         if self.vocab < 2:
-            raise ValueError(f"--vocab must be >= 2; got {self.vocab}.")
+            raise ValueError(f"vocab must be >= 2; got {self.vocab}.")
         if not 0.0 <= self.distance <= 1.0:
-            raise ValueError(f"--distance must lie in [0, 1]; got {self.distance}.")
+            raise ValueError(f"distance must lie in [0, 1]; got {self.distance}.")
         if not 0.0 < self.level < 1.0:
             raise ValueError(f"level must lie in (0, 1); got {self.level}.")
 
@@ -157,35 +154,12 @@ def two_sample_chi2(counts_a: np.ndarray, counts_b: np.ndarray) -> tuple[float, 
     return float(((table - expected) ** 2 / expected).sum()), int(bins_a.size - 1)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _chunk(verifier: Verifier, p, q, chunk_key):
-    """_CHUNK speculative steps (module level: one compilation per verifier and shape)."""
-
-    def one(step_key):
-        k_draft, k_verify = jax.random.split(step_key)
-        drafts = sample(k_draft, p)  # d_i ~ p_i, independent per position
-        verdict = verifier(drafts, p, q, k_verify)
-        return verdict.tokens, verdict.num_accepted
-
-    return jax.vmap(one)(jax.random.split(chunk_key, _CHUNK))
-
-
-def _simulate(verifier: Verifier, p, q, key, steps: int):
-    """Runs ``steps`` speculative steps; returns tokens [steps, N+1], counts [steps]."""
-    tokens, accepted = [], []
-    for i in range(-(-steps // _CHUNK)):
-        t, a = _chunk(verifier, p, q, jax.random.fold_in(key, i))
-        tokens.append(np.asarray(t))
-        accepted.append(np.asarray(a))
-    return np.concatenate(tokens)[:steps], np.concatenate(accepted)[:steps]
-
-
 def run_check(config: CheckConfig = CheckConfig(), verifier: Verifier = verify_chain) -> CheckResult:
     """Runs the exactness check; ``verifier`` follows :func:`jspec.verify_chain`."""
     key = jax.random.PRNGKey(config.seed)
     k_dist, k_spec, k_direct = jax.random.split(key, 3)
     p, q = make_distributions(k_dist, config.num_draft, config.vocab, config.distance)
-    tokens, num_accepted = _simulate(verifier, p, q, k_spec, config.steps)
+    tokens, num_accepted = simulate_steps(verifier, p, q, k_spec, config.steps)
     q_np = np.asarray(q, np.float64)
     n, vocab = config.num_draft, config.vocab
 

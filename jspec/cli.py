@@ -11,8 +11,6 @@ import json
 import os
 import sys
 
-METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1")
-
 __all__ = ["main"]
 
 
@@ -139,72 +137,41 @@ def _cmd_fetch(args) -> int:
 
 
 def _tree(args):
-    """--tree as a drafter option: None (a chain), a dynamic tree's knobs or a static tree."""
-    from jspec.eagle import DynamicTreeSpec
-    from jspec.tree import StaticTree
+    """--tree and its knobs as a draft shape (:func:`jspec.drafters.parse_tree`)."""
+    from jspec.drafters.factory import parse_tree
 
-    tree = getattr(args, "tree", "chain")
-    if tree == "chain":
-        return None
-    if tree == "dynamic":
-        return DynamicTreeSpec(args.tree_top_k, args.tree_depth, args.tree_nodes)
-    try:
-        branching = [int(x) for x in tree.split(",")]
-    except ValueError:
-        raise ValueError(f"--tree must be chain, dynamic or a branching list such as 2,2,2; got {tree!r}.") from None
-    return StaticTree.from_branching(branching)
+    return parse_tree(args.tree, top_k=args.tree_top_k, depth=args.tree_depth, total=args.tree_nodes)
 
 
-def _check_tree_method(args, methods) -> None:
-    """Which methods draft which trees; said before any model is loaded."""
-    from jspec.tree import StaticTree
+def _num_draft(args) -> int:
+    """N as the drafters take it: --num-draft, or the shared default for a chain, or the tree's depth."""
+    from jspec.drafters.base import draft_depth
 
-    if "ngram" in methods and getattr(args, "ngram_min", 1) > getattr(args, "ngram_max", 1):
+    return draft_depth(args.num_draft, _tree(args))
+
+
+def _check_methods(args, methods) -> None:
+    """The flags each method needs, then the library's rules for methods and trees; said before any
+    model is loaded."""
+    from jspec.drafters.factory import check_options
+
+    if "draft" in methods and not args.draft_model:
+        raise ValueError("method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
+    if "ngram" in methods and args.ngram_min > args.ngram_max:
         raise ValueError(f"--ngram-min ({args.ngram_min}) must not exceed --ngram-max ({args.ngram_max}).")
-    tree = _tree(args)
-    if tree is None:
-        return
-    if "draft" in methods and not isinstance(tree, StaticTree):
-        raise ValueError(f"the draft model drafts static trees (--tree 2,2,2 or another branching list) or chains; "
-                         f"got --tree {args.tree}.")  # fmt: skip
-    if "ngram" in methods and _lookup_paths(tree) is None:
-        raise ValueError(f"prompt lookup drafts trees of several continuations, --tree M,1,...,1 (M paths of "
-                         f"equal depth); got --tree {args.tree}.")  # fmt: skip
+    check_options(methods, tree=_tree(args), ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                  draft_model=args.draft_model)  # fmt: skip
+    _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
 
 
-def _lookup_paths(tree) -> int | None:
-    """M for a static tree shaped M,1,...,1 (prompt lookup's tree of M continuations), else None."""
-    from jspec.tree import StaticTree
+def _decoder(method, args, model, tokenizer, draft_model=None):
+    """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model or
+    an EAGLE head (``--head``, or the one shipped for ``--model``)."""
+    from jspec.api import make_decoder
 
-    if isinstance(tree, StaticTree) and tree.branching and all(b == 1 for b in tree.branching[1:]):
-        return tree.branching[0]
-    return None
-
-
-def _decoder(method, args, model, tokenizer):
-    """The decoder for a method: plain, prompt lookup, a draft model or an EAGLE head."""
-    from jspec.decode import Decoder
-    from jspec.drafters import DraftModel, PromptLookup
-    from jspec.engine import SpeculativeDecoder
-    from jspec.models.hub import load_model
-
-    if method == "ar":
-        return Decoder(model, tokenizer.eos_token_ids)
-    if method == "ngram":
-        tree = _tree(args)
-        num_draft, paths = (args.num_draft, 1) if tree is None else (tree.max_depth, _lookup_paths(tree))
-        drafter = PromptLookup(num_draft, model.config.vocab_size, args.ngram_max, args.ngram_min, paths)
-        weights = ()
-    elif method in ("eagle3", "eagle1"):
-        from jspec.eagle import EagleDrafter, load_head
-        from jspec.models.hub import shipped_head
-
-        head = load_head(args.head or shipped_head(args.model, method), model)
-        drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size, _tree(args))
-    else:
-        draft, _ = load_model(args.draft_model)
-        drafter, weights = DraftModel.from_model(draft, args.num_draft, model.config.vocab_size, _tree(args))
-    return SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
+    return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, num_draft=args.num_draft, tree=_tree(args),
+                        head=args.head, draft_model=draft_model or args.draft_model, ngram_min=args.ngram_min,
+                        ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
 
 
 def _cmd_generate(args) -> int:
@@ -214,9 +181,7 @@ def _cmd_generate(args) -> int:
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     if not args.prompt:
         raise ValueError("--prompt is empty; give the text to continue.")
-    if args.method == "draft" and not args.draft_model:
-        raise ValueError("--method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
-    _check_tree_method(args, [args.method])
+    _check_methods(args, [args.method])
     model, tokenizer = load_model(args.model)
     text = args.prompt
     if args.chat:
@@ -231,7 +196,7 @@ def _cmd_generate(args) -> int:
         print(json.dumps({"text": completion, "tokens": new, "stats": stats}))
     else:
         print(completion)
-        tau = f", tau {result.tau:.2f}" if hasattr(result, "tau") else ""
+        tau = f", tau {result.tau:.2f}" if result.speculative else ""
         print(
             f"[{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
             f"compile {result.compile_seconds:.1f} s]",
@@ -247,17 +212,13 @@ def _cmd_bench(args) -> int:
     from jspec.sampling import SamplingParams
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown or not methods:
-        raise ValueError(f"unknown method(s) {unknown or methods}; choose from {', '.join(METHODS)}.")
-    if "draft" in methods and not args.draft_model:
-        raise ValueError("method draft needs --draft-model NAME.")
-    _check_tree_method(args, methods)
+    _check_methods(args, methods)
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     prompts = load_prompts(args.prompts, args.category, args.limit)
     model, tokenizer = load_model(args.model)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    decoders = {method: _decoder(method, args, model, tokenizer) for method in methods}
+    draft_model = load_model(args.draft_model)[0] if "draft" in methods else None
+    decoders = {method: _decoder(method, args, model, tokenizer, draft_model) for method in methods}
     results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed)
     for method, entry in results.items():
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
@@ -271,7 +232,7 @@ def _cmd_bench(args) -> int:
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
-        "num_draft": args.num_draft,
+        "num_draft": _num_draft(args),
         "tree": args.tree,
         "draft_model": args.draft_model,
         "methods": results,
@@ -279,7 +240,7 @@ def _cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        shape = f"N = {args.num_draft}" if args.tree == "chain" else f"tree {args.tree}"
+        shape = f"N = {_num_draft(args)}" if args.tree == "chain" else f"tree {args.tree}"
         print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, {shape}")
         print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
         for name, e in results.items():
@@ -293,7 +254,7 @@ def _cmd_train(args) -> int:
     import pathlib
 
     from jspec.models.hub import load_model
-    from jspec.train_eagle import Recipe, TrainConfig, train_head
+    from jspec.training import Recipe, TrainConfig, train_head
 
     for folder in args.extra_data:  # checked before the model loads
         if not (pathlib.Path(folder) / "meta.json").is_file():
@@ -348,35 +309,48 @@ def _cmd_train(args) -> int:
 def _evaluate_head(head, model, tokenizer, args) -> dict:
     """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
     from jspec.bench import run_prompts
-    from jspec.eagle import EagleDrafter
+    from jspec.drafters import EagleDrafter
     from jspec.engine import SpeculativeDecoder
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
 
     prompts = load_prompts("mt-bench", None, args.eval_prompts)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    drafter, weights = EagleDrafter.from_head(head, args.num_draft, model.config.vocab_size)
-    decoder = SpeculativeDecoder(model, drafter, weights, tokenizer.eos_token_ids)
+    drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
+    decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
     entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
     return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
             "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
 
 
 def _add_ngram(p) -> None:
-    p.add_argument("--ngram-min", type=_positive_int, default=2,
+    from jspec.drafters.factory import DEFAULTS
+
+    p.add_argument("--ngram-min", type=_positive_int, default=DEFAULTS.ngram_min,
                    help="prompt lookup: the shortest suffix that counts as a match (default 2: a single "
                         "repeated token drafts too often in vain; BENCHMARKS.md)")  # fmt: skip
-    p.add_argument("--ngram-max", type=_positive_int, default=3, help="prompt lookup: the longest suffix tried first")
+    p.add_argument("--ngram-max", type=_positive_int, default=DEFAULTS.ngram_max,
+                   help="prompt lookup: the longest suffix tried first")  # fmt: skip
 
 
 def _add_tree(p) -> None:
+    from jspec.drafters.factory import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
+
     tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
     p.add_argument("--tree", default="chain", help=tree_help)
-    p.add_argument("--tree-top-k", type=_positive_int, default=4, help="dynamic tree: children per expanded node")
-    # The defaults are the size that ran fastest on a 2-core CPU (BENCHMARKS.md, draft trees);
-    # where a forward over many tokens costs little more than one (a GPU), larger trees pay.
-    p.add_argument("--tree-depth", type=_positive_int, default=3, help="dynamic tree: depth")
-    p.add_argument("--tree-nodes", type=_positive_int, default=8, help="dynamic tree: nodes kept, root included")
+    num_help = f"N, tokens drafted per step (default {DEFAULTS.num_draft}; a tree's depth is its own)"
+    p.add_argument("--num-draft", type=_positive_int, default=None, help=num_help)
+    p.add_argument("--tree-top-k", type=_positive_int, default=DEFAULTS.tree_top_k,
+                   help="dynamic tree: children per expanded node")  # fmt: skip
+    p.add_argument("--tree-depth", type=_positive_int, default=DEFAULTS.tree_depth, help="dynamic tree: depth")
+    p.add_argument("--tree-nodes", type=_positive_int, default=DEFAULTS.tree_nodes,
+                   help="dynamic tree: nodes kept, root included")  # fmt: skip
+
+
+def _methods() -> tuple[str, ...]:
+    from jspec.drafters.factory import METHODS
+
+    return METHODS
 
 
 def _positive_int(text: str) -> int:
@@ -443,13 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         default="ar",
-        choices=METHODS,
+        choices=_methods(),
         help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
         "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR)",
     )
     p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
-    p.add_argument("--num-draft", type=_positive_int, default=4, help="N, tokens drafted per step")
     _add_tree(p)
     _add_ngram(p)
     p.add_argument("--prompt", required=True)
@@ -464,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="methods side by side on a prompt set (compilation timed apart)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(METHODS)}")
+    p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(_methods())}")
     p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument(
         "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
@@ -476,7 +449,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-draft", type=_positive_int, default=4)
     p.add_argument("--draft-model", default=None)
     _add_tree(p)
     _add_ngram(p)

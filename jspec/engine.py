@@ -1,19 +1,22 @@
-"""The speculative decoding loop, one for every chain drafter.
+"""The speculative decoding loop, one for every drafter.
 
 Prefill the target and the drafter; then, inside one jitted ``lax.while_loop``,
-each step: the drafter proposes N tokens, the target scores the pending token
-plus the N drafts in one forward, the vmapped chain verifier accepts a prefix
-per row, each row's caches roll back to its own logical length, and end of
-sequence and the token budget end each row on its own. When no row has a
-draft (prompt lookup found nothing) the step is a plain one-token step
-instead (``lax.cond`` between the two). The engine never looks inside the
-drafter's state.
+each step: the drafter proposes a chain of N tokens or a tree, the target scores
+the pending token and the drafts (and any lookahead tokens) in one forward, the
+vmapped verifier accepts a prefix or a path per row, each row's caches roll back
+to its own logical length (a tree's accepted path is moved into place first),
+and end of sequence and the token budget end each row on its own. When no row
+has a draft (prompt lookup found nothing) the step is a plain one-token step
+instead (``lax.cond`` between the two). The engine knows drafters only through
+:class:`jspec.drafters.base.Drafter`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,33 +24,20 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.decode import GenerationResult, batch_inputs, compile_once
-from jspec.drafters import Context
+from jspec.batching import LoopConfig, batch_inputs, compile_once
+from jspec.decode import prefill
+from jspec.drafters.base import Context, Feedback, TreeProposal, check_drafter
+from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.sharding import check_mesh, replicate
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
-__all__ = ["SpecConfig", "SpecResult", "SpeculativeDecoder", "acceptance_by_position"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecConfig:
-    """Static facts of one compiled loop: padded prompt length P, step budget M, end-of-sequence ids,
-    and the KV slots prompts and budgets need (default P + M; :func:`jspec.decode.cache_slots`)."""
-
-    prompt_len: int
-    max_new: int
-    eos_ids: tuple[int, ...]
-    cache_len: int | None = None
-
-    def capacity(self, width: int) -> int:
-        """Cache slots: the prompts, their budget and one verify forward of ``width`` tokens."""
-        return (self.cache_len or self.prompt_len + self.max_new) + width
+__all__ = ["SpecLoop", "SpeculativeDecoder", "speculative_loop"]
 
 
 @struct.dataclass
-class _State:
+class LoopState:
     out: jax.Array  # int32[B, M + N + 1], generated tokens
     num_generated: jax.Array  # int32[B]
     done: jax.Array  # bool[B]
@@ -61,45 +51,49 @@ class _State:
     accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
 
 
-@dataclasses.dataclass
-class SpecResult(GenerationResult):
-    """Adds what speculation did to :class:`jspec.decode.GenerationResult`."""
+@dataclasses.dataclass(frozen=True)
+class SpecLoop:
+    """Everything static about one compiled speculative loop (a jit static argument).
 
-    num_draft: int = 0
-    verify_steps: int = 0
-    plain_steps: int = 0
-    emitted_in_verify: int = 0
-    live_row_steps: int = 0
-    accept_hist: list[int] = dataclasses.field(default_factory=list)
-    cache_lengths: list[int] = dataclasses.field(default_factory=list)  # target tokens committed per row
-
-    @property
-    def tau(self) -> float:
-        """Tokens emitted per row per verify forward, the bonus token counted."""
-        return self.emitted_in_verify / self.live_row_steps if self.live_row_steps else 0.0
-
-    def acceptance_by_position(self) -> list[float]:
-        return acceptance_by_position(self.accept_hist)
-
-    def stats(self) -> dict:
-        return super().stats() | {
-            "tau": self.tau,
-            "acceptance_by_position": self.acceptance_by_position(),
-            "verify_steps": self.verify_steps,
-            "plain_steps": self.plain_steps,
-            "num_draft": self.num_draft,
-        }
-
-
-def acceptance_by_position(accept_hist) -> list[float]:
-    """Per draft position i, the fraction of rows that reached i whose draft i was accepted.
-
-    Args:
-      accept_hist: [N + 1] counts of verify rows by number of drafts accepted.
+    Attributes:
+      graphdef: the target's NNX graph.
+      drafter: the drafter's pytree structure (its static facts; its arrays are arguments).
+      config: the request's shapes (:class:`jspec.batching.LoopConfig`).
+      verifier: the batched chain verifier; tests pass a broken one as a negative control.
     """
-    hist = np.asarray(accept_hist)
-    reached = hist[::-1].cumsum()[::-1]  # rows with at least i accepted
-    return [float(reached[i + 1] / reached[i]) if reached[i] else 0.0 for i in range(len(hist) - 1)]
+
+    graphdef: nnx.GraphDef
+    drafter: jax.tree_util.PyTreeDef
+    config: LoopConfig
+    verifier: Callable = verify_chain_batch
+
+
+@struct.dataclass
+class _Static:
+    """Holds a drafter that is no pytree of arrays: static as a whole, so it must be hashable."""
+
+    drafter: object = struct.field(pytree_node=False)
+
+
+def split_drafter(drafter) -> tuple[jax.tree_util.PyTreeDef, list]:
+    """(structure, arrays): a pytree drafter's arrays are arguments of the compiled loop and its
+    static fields part of the structure; any other drafter is static as a whole."""
+    leaves, treedef = jax.tree.flatten(drafter)
+    if all(isinstance(x, jax.Array | np.ndarray) for x in leaves):
+        return treedef, leaves
+    try:
+        hash(drafter)
+    except TypeError:
+        raise ValueError(
+            f"a drafter must be a pytree of arrays (a flax.struct.dataclass) or hashable; {type(drafter).__name__} "
+            "is neither."
+        ) from None
+    return jax.tree.structure(_Static(drafter)), []
+
+
+def _merge_drafter(treedef, leaves):
+    drafter = jax.tree.unflatten(treedef, leaves)
+    return drafter.drafter if isinstance(drafter, _Static) else drafter
 
 
 def _append(buf, start, tokens):
@@ -110,7 +104,7 @@ def _append(buf, start, tokens):
     return buf.at[rows, cols].set(tokens, mode="drop")
 
 
-def _emit(state: _State, tokens, count, max_new, eos_ids):
+def _emit(state: LoopState, tokens, count, max_new, eos_ids):
     """Appends ``count`` [B] of ``tokens`` [B, K] per live row, cut at EOS and at the budget."""
     k = tokens.shape[1]
     live = ~state.done
@@ -128,24 +122,53 @@ def _emit(state: _State, tokens, count, max_new, eos_ids):
     return out, num_generated, done
 
 
-def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new, params, key, config, verifier):
-    target = nnx.merge(tgraph, tweights)
-    n = drafter.num_draft
-    num_nodes = getattr(drafter, "num_nodes", None)  # tree drafters: nodes per tree, root included
-    b, p = prompts.shape
-    capacity = config.capacity(num_nodes or n + 1)
+def _split_logits(logits, width: int):
+    """(the verified block's logits [B, W, V], the lookahead tokens' [B, E, V])."""
+    return logits[:, :width], logits[:, width:]
 
+
+def _with_lookahead(tokens, offsets, local_mask, lookahead):
+    """Appends a proposal's lookahead tokens to the step's new tokens [B, W]: their offsets, and the
+    local mask [B, W + E, W + E] in which the verified block never sees them."""
+    if lookahead is None:
+        return tokens, offsets, local_mask
+    b, w = tokens.shape
+    e = lookahead.tokens.shape[1]
+    top = jnp.concatenate([local_mask, jnp.zeros((b, w, e), bool)], axis=2)
+    return (
+        jnp.concatenate([tokens, lookahead.tokens], axis=1),
+        jnp.concatenate([offsets, lookahead.offsets], axis=1),
+        jnp.concatenate([top, lookahead.mask], axis=1),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key):
+    """The whole speculative decode, jitted; returns the final loop state.
+
+    Args:
+      loop: the static :class:`SpecLoop`.
+      target_weights: the target's NNX state; drafter_leaves: the drafter's arrays
+        (:func:`split_drafter`), put back into ``loop.drafter``.
+      prompts, lengths, max_new, params, key: :meth:`jspec.batching.Batch.arrays`.
+    """
+    config = loop.config
+    target = nnx.merge(loop.graphdef, target_weights)
+    drafter = _merge_drafter(loop.drafter, drafter_leaves)
+    n, num_nodes, extra = drafter.num_draft, drafter.num_nodes, drafter.num_lookahead
+    width = num_nodes or n + 1  # the verified block: a tree's nodes, or the pending token and N drafts
+    b, p = prompts.shape
+    capacity = config.capacity(width + extra)
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
-    cache = target.init_cache(b, capacity)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    out = target(prompts, positions, cache, num_new=lengths, logit_index=lengths - 1, hidden_layers=hidden_layers)
+
+    out = prefill(target, prompts, lengths, capacity, hidden_layers)
     first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
     history = jnp.zeros((b, capacity), jnp.int32).at[:, :p].set(prompts)
     history = _append(history, lengths, first[:, None])
     ctx = Context(history, lengths + 1, lengths)
-    dstate = drafter.init(dweights, prompts, ctx, capacity, params, out.hidden_states)
+    dstate = drafter.init(prompts, ctx, capacity, params, out.hidden_states)
 
-    init = _State(
+    init = LoopState(
         out=jnp.zeros((b, config.max_new + n + 1), jnp.int32),
         num_generated=jnp.zeros((b,), jnp.int32),
         done=jnp.zeros((b,), bool),
@@ -161,34 +184,42 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
     o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
     init = dataclasses.replace(init, out=o, num_generated=g, done=d)
 
-    def verify_step(s: _State, proposal, dstate, step_key):
+    def verify_step(s: LoopState, proposal, dstate, step_key):
         ctx = s.ctx
         keys = jax.random.split(step_key, b)
-        if num_nodes:  # a tree: every node in one forward, each seeing its ancestors
-            positions = ctx.cache_length[:, None] + proposal.depths
-            mask = tree_attention_mask(ctx.cache_length, ancestor_mask(proposal.parents, n), capacity)
-            out = target(proposal.tokens, positions, s.cache, mask, hidden_layers=hidden_layers)
-            q = probs_from_logits(out.logits, params)
-            verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
-        else:  # a chain: the pending token and the N drafts
+        if isinstance(proposal, TreeProposal):  # every node in one forward, each seeing its ancestors
+            tokens, offsets = proposal.tokens, proposal.depths
+            local = ancestor_mask(proposal.parents, n)
+        else:  # the pending token and the N drafts, causal
             tokens = jnp.concatenate([ctx.last[:, None], proposal.tokens], axis=1)  # [B, N + 1]
-            positions = ctx.cache_length[:, None] + jnp.arange(n + 1)[None, :]
-            out = target(tokens, positions, s.cache, hidden_layers=hidden_layers)
-            q = probs_from_logits(out.logits, params)
-            verdict = verifier(proposal.tokens, proposal.probs, q, keys)
+            offsets = jnp.broadcast_to(jnp.arange(n + 1), (b, n + 1))
+            local = (
+                None if proposal.lookahead is None else jnp.broadcast_to(jnp.tri(n + 1, dtype=bool), (b, n + 1, n + 1))
+            )
+        if local is not None:
+            tokens, offsets, local = _with_lookahead(tokens, offsets, local, proposal.lookahead)
+        mask = None if local is None else tree_attention_mask(ctx.cache_length, local, capacity)
+        out = target(tokens, ctx.cache_length[:, None] + offsets, s.cache, mask, hidden_layers=hidden_layers)
+        verify_logits, lookahead_logits = _split_logits(out.logits, width)
+        q = probs_from_logits(verify_logits, params)
+        if isinstance(proposal, TreeProposal):
+            verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
+        else:
+            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys)
         live = ~s.done
         a = jnp.where(live, verdict.num_accepted, 0)
         emitted = jnp.where(live, verdict.num_emitted, 0)
         kept = jnp.where(live, 1 + a, 0)  # finished rows keep their lengths: nothing they see changes
-        hidden = out.hidden_states
-        if num_nodes:  # the accepted path moves into place; the drafter sees it as a chain
+        hidden = tuple(h[:, :width] for h in out.hidden_states)
+        if isinstance(proposal, TreeProposal):  # the accepted path moves into place; the drafter sees a chain
             cache = out.cache.commit_path(ctx.cache_length, verdict.path, kept)
             hidden = tuple(jnp.take_along_axis(h, verdict.path[:, :, None], axis=1) for h in hidden)
         else:
             cache = out.cache.rollback(ctx.cache_length + kept)
         history = _append(ctx.history, ctx.length, verdict.tokens)
         new_ctx = Context(history, ctx.length + emitted, ctx.cache_length + kept)
-        dstate = drafter.commit(dweights, dstate, new_ctx, a, hidden)
+        lookahead_logits = None if proposal.lookahead is None else lookahead_logits
+        dstate = drafter.commit(dstate, new_ctx, Feedback(a, hidden, lookahead_logits))
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
         return dataclasses.replace(
             s,
@@ -204,81 +235,87 @@ def _spec_decode(tgraph, tweights, drafter, dweights, prompts, lengths, max_new,
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
 
-    def plain_step(s: _State, proposal, dstate, step_key):
+    def plain_step(s: LoopState, proposal, dstate, step_key):
         ctx = s.ctx
         out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache, hidden_layers=hidden_layers)
         nxt = sample_logits(step_key, out.logits[:, 0], params)
         live = (~s.done).astype(jnp.int32)
         cache = out.cache.rollback(ctx.cache_length + live)
         new_ctx = Context(_append(ctx.history, ctx.length, nxt[:, None]), ctx.length + live, ctx.cache_length + live)
-        dstate = drafter.commit(dweights, dstate, new_ctx, jnp.zeros((b,), jnp.int32), out.hidden_states)
+        dstate = drafter.commit(dstate, new_ctx, Feedback(jnp.zeros((b,), jnp.int32), out.hidden_states))
         o, g, d = _emit(s, nxt[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
         return dataclasses.replace(
             s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
             plain_steps=s.plain_steps + 1,
         )  # fmt: skip
 
-    def body(s: _State):
+    def body(s: LoopState):
         step = s.verify_steps + s.plain_steps + 1
         k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
-        proposal, dstate = drafter.propose(dweights, s.drafter, s.ctx, k_draft, params)
+        proposal, dstate = drafter.propose(s.drafter, s.ctx, k_draft, params)
+        if proposal.lookahead is not None:  # its window needs the target's logits every step
+            return verify_step(s, proposal, dstate, k_step)
         any_draft = jnp.any(proposal.has_draft & ~s.done)
         return jax.lax.cond(any_draft, verify_step, plain_step, s, proposal, dstate, k_step)
 
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
-    return final
-
-
-_spec_jit = jax.jit(_spec_decode, static_argnums=(0, 2, 9, 10))
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
 
 
 class SpeculativeDecoder:
-    """Speculative decoding with any chain drafter; compiled loops are cached per bucket."""
+    """Speculative decoding with any drafter; compiled loops are cached per bucket."""
 
     def __init__(
         self,
         target: nnx.Module,
         drafter,
-        drafter_weights=(),
+        *,
         eos_ids: tuple[int, ...] = (),
-        verifier=verify_chain_batch,
+        verifier: Callable = verify_chain_batch,
         mesh: Mesh | None = None,
     ):
         """Args:
         target: the target model (see :mod:`jspec.decode` for the interface).
-        drafter: a drafter from :mod:`jspec.drafters` (static, hashable).
-        drafter_weights: its arrays (a draft model's NNX state), or ().
+        drafter: a :class:`jspec.drafters.base.Drafter` (:func:`jspec.make_drafter` builds one);
+          it carries its own weights.
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
         mesh: split every batch's rows over these devices, target and drafter weights
           replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
         """
-        self.verifier = verifier
+        check_drafter(drafter)
+        if isinstance(eos_ids, int | np.integer):
+            eos_ids = (eos_ids,)
         check_mesh(mesh)
+        self.verifier = verifier
         self.mesh = mesh
         self.tgraph, self.tweights = nnx.split(target)
         self.tweights = replicate(mesh, self.tweights)
         self.drafter = drafter
-        self.dweights = replicate(mesh, drafter_weights)
+        self._drafter_def, leaves = split_drafter(drafter)
+        self._drafter_leaves = replicate(mesh, leaves)
         self.eos_ids = tuple(int(e) for e in eos_ids)
         config = target.config
         self.max_position, self.vocab_size = config.max_position, config.vocab_size
         self._compiled: dict = {}
 
-    def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
+    def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
+        """Runs the loop and returns (final :class:`LoopState`, compile seconds, run seconds); for
+        tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
-        b, rows = len(prompts), batch.padded.shape[0]  # rows past b: filler for an even split, dropped below
-        config = SpecConfig(batch.prompt_len, batch.max_new, self.eos_ids, batch.cache_len)
-        args = (self.tgraph, self.tweights, self.drafter, self.dweights, *batch[:3], batch.sampling, batch.key)
-        args = (*args, config, self.verifier)
-        run, compile_s = compile_once(self._compiled, (rows, config), _spec_jit, args)
-        dynamic = (args[1], *args[3:9])
+        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier)
+        args = (loop, self.tweights, self._drafter_leaves, *batch.arrays())
+        run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args)
         t0 = time.perf_counter()
-        final = jax.block_until_ready(run(*dynamic))
-        seconds = time.perf_counter() - t0
+        final = jax.block_until_ready(run(*args[1:]))
+        return final, compile_s, time.perf_counter() - t0
+
+    def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
+        """Generates for a batch of prompts (token-id lists) of any lengths (as :meth:`jspec.Decoder.generate`)."""
+        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed)
+        b = len(prompts)
         out, counts = np.asarray(final.out), np.asarray(final.num_generated)
         verify, plain = int(final.verify_steps), int(final.plain_steps)
-        return SpecResult(
+        return GenerationResult(
             tokens=[out[i, : counts[i]].tolist() for i in range(b)],
             seconds=seconds,
             compile_seconds=compile_s,

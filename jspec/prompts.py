@@ -78,6 +78,6 @@ def load_prompts(source: str, category: str | None = None, limit: int | None = N
             raise ValueError(f"no prompts in category {category!r}; categories here: {', '.join(known)}.")
     if limit is not None:
         if limit < 1:
-            raise ValueError(f"--limit must be >= 1; got {limit}.")
+            raise ValueError(f"limit must be >= 1; got {limit}.")
         prompts = prompts[:limit]
     return prompts

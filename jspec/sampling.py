@@ -15,8 +15,6 @@ top-p between calls does not recompile, and a batch may mix them per row.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,9 +67,6 @@ class SamplingParams:
     @classmethod
     def greedy(cls) -> SamplingParams:
         return cls.create(temperature=0.0)
-
-    def replace(self, **kwargs) -> SamplingParams:
-        return dataclasses.replace(self, **kwargs)
 
 
 def validate_sampling(temperature, top_k, top_p) -> None:

@@ -1,13 +1,17 @@
-"""Toy distributions with a chosen acceptance rate, and simulated verify steps.
+"""Toy verify steps: fixed draft and target distributions per position, many speculative steps.
 
-Used to check the speedup math against the real verifier: the tokens per
-verify measured by running :func:`jspec.verify_chain_batch` must match
-E(α, N), and the acceptance rate it shows must match E[Σ min(p, q)].
+:func:`simulate_steps` is the one toy simulation: drafts drawn from p_i, verified
+against q_i by a chain verifier, chunk by chunk. The exactness check
+(:mod:`jspec.check`) compares what it emits with direct draws; :func:`simulate_chain`
+checks the speedup math with it: the tokens per verify must match E(α, N), and
+the acceptance rate must match E[Σ min(p, q)].
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +19,37 @@ import numpy as np
 
 from jspec.sampling import sample
 from jspec.speedup import expected_alpha, expected_tokens
-from jspec.verify import verify_chain_batch
+from jspec.verify import ChainVerdict, verify_chain
 
-__all__ = ["SimulatedRun", "pair_with_overlap", "simulate_chain"]
+__all__ = ["SimulatedRun", "pair_with_overlap", "simulate_chain", "simulate_steps"]
+
+Verifier = Callable[..., ChainVerdict]
+_CHUNK = 8192
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _chunk(verifier: Verifier, p, q, chunk_key):
+    """_CHUNK speculative steps (module level: one compilation per verifier and shape)."""
+
+    def one(step_key):
+        k_draft, k_verify = jax.random.split(step_key)
+        drafts = sample(k_draft, p)  # d_i ~ p_i, independent per position
+        verdict = verifier(drafts, p, q, k_verify)
+        return verdict.tokens, verdict.num_accepted
+
+    return jax.vmap(one)(jax.random.split(chunk_key, _CHUNK))
+
+
+def simulate_steps(verifier: Verifier, p, q, key, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """``steps`` speculative steps with drafts d_i ~ p_i [N, V] verified against q [N + 1, V] by
+    ``verifier`` (:func:`jspec.verify_chain`'s signature); returns tokens [steps, N + 1] and the
+    accepted counts [steps]."""
+    tokens, accepted = [], []
+    for i in range(-(-steps // _CHUNK)):
+        t, a = _chunk(verifier, p, q, jax.random.fold_in(key, i))
+        tokens.append(np.asarray(t))
+        accepted.append(np.asarray(a))
+    return np.concatenate(tokens)[:steps], np.concatenate(accepted)[:steps]
 
 
 def pair_with_overlap(key: jax.Array, alpha: float, vocab: int):
@@ -53,18 +85,11 @@ class SimulatedRun:
 def simulate_chain(alpha: float, num_draft: int, steps: int = 20_000, vocab: int = 32, seed: int = 0):
     """Runs ``steps`` verify steps in which every draft position has overlap α."""
     key = jax.random.PRNGKey(seed)
-    k_pairs, k_draft, k_verify = jax.random.split(key, 3)
+    k_pairs, k_verify = jax.random.split(key)
     pairs = [pair_with_overlap(k, alpha, vocab) for k in jax.random.split(k_pairs, num_draft + 1)]
     p = jnp.stack([pp for pp, _ in pairs[:num_draft]])  # [N, V]
     q = jnp.stack([qq for _, qq in pairs])  # [N + 1, V]
-    drafts = sample(k_draft, jnp.broadcast_to(p, (steps, num_draft, vocab)))
-    verdict = verify_chain_batch(
-        drafts,
-        jnp.broadcast_to(p, (steps, num_draft, vocab)),
-        jnp.broadcast_to(q, (steps, num_draft + 1, vocab)),
-        jax.random.split(k_verify, steps),
-    )
-    accepted = np.asarray(verdict.num_accepted)
+    _, accepted = simulate_steps(verify_chain, p, q, k_verify, steps)
     attempted = np.minimum(accepted + 1, num_draft).sum()
     return SimulatedRun(
         alpha=alpha,

@@ -46,9 +46,11 @@ from jspec.verify import acceptance_probability, residual_distribution
 
 __all__ = [
     "DynamicTree",
+    "DynamicTreeSpec",
     "StaticTree",
     "TreeVerdict",
     "ancestor_mask",
+    "frontier_sizes",
     "grow_dynamic_tree",
     "grow_static_tree",
     "select_dynamic_tree",
@@ -132,6 +134,47 @@ class StaticTree:
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(parents int32[T], depths int32[T])."""
         return np.asarray(self.parents, np.int32), np.asarray(self.depths, np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTreeSpec:
+    """EAGLE-2's knobs (see :func:`grow_dynamic_tree`): children per expanded node and nodes
+    expanded per depth (``top_k``), ``depth``, and nodes kept (``total``, the root included).
+
+    The defaults (4, 3, 8) are the size that ran fastest on a 2-core CPU with SmolLM2
+    (BENCHMARKS.md, draft trees); where a forward over many tokens costs little more than
+    one (a GPU), larger trees pay (the EAGLE-2 paper uses 10, 6, 60).
+    """
+
+    top_k: int = 4
+    depth: int = 3
+    total: int = 8
+
+    def __post_init__(self):
+        most = 1 + self.top_k + (self.depth - 1) * self.top_k**2
+        if self.top_k < 1 or self.depth < 1 or not 2 <= self.total <= most:
+            raise ValueError(
+                f"a dynamic tree needs top_k >= 1, depth >= 1 and 2 <= total <= 1 + top_k + (depth - 1) * top_k**2 "
+                f"= {most}; got top_k={self.top_k}, depth={self.depth}, total={self.total}."
+            )
+
+    @property
+    def size(self) -> int:
+        """Nodes verified, the root included."""
+        return self.total
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+
+def frontier_sizes(tree: StaticTree | DynamicTreeSpec) -> list[int]:
+    """Nodes a drafter feeds to itself at each depth 1 .. depth - 1 to draft the depth below."""
+    if isinstance(tree, DynamicTreeSpec):
+        return [tree.top_k] * (tree.depth - 1)
+    if tree.branching is None:
+        raise ValueError("a drafter fills static trees made by StaticTree.from_branching (e.g. [2, 2, 2]).")
+    return list(tree.fed_per_depth)
 
 
 def ancestor_mask(parents: jax.Array, max_depth: int) -> jax.Array:

@@ -8,7 +8,11 @@ bonus token is drawn from the target's distribution at position N + 1. Each
 emitted token is then distributed exactly as a draw from ``q``.
 
 :func:`verify_chain` works on one sequence; :func:`verify_chain_batch` is its
-``jax.vmap`` over a batch, each row with its own key.
+``jax.vmap`` over a batch, each row with its own key. Deterministic drafts (a
+lookup, a greedy pick) pass ``draft_probs=None``: they are verified as one-hot
+distributions without building them. :func:`verify_chain_logits` and
+:func:`verify_chain_batch_logits` take logits and sampling parameters instead
+of probabilities and turn them into distributions inside one compiled program.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.sampling import check_distribution, is_concrete, sample
+from jspec.sampling import SamplingParams, check_distribution, is_concrete, probs_from_logits, sample
 
 __all__ = [
     "ChainVerdict",
@@ -27,6 +31,8 @@ __all__ = [
     "validate_chain_inputs",
     "verify_chain",
     "verify_chain_batch",
+    "verify_chain_batch_logits",
+    "verify_chain_logits",
 ]
 
 
@@ -85,12 +91,14 @@ def validate_chain_inputs(draft_tokens, draft_probs, target_probs, *, batched: b
     n = d_shape[-1]
     if n < 1:
         raise ValueError(f"need at least one draft token (N >= 1); got N = {n}.")
-    if len(p_shape) != want_tok + 1 or p_shape[:-1] != d_shape:
+    if len(q_shape) != want_tok + 1:
+        raise ValueError(f"target_probs must be {lead}N + 1, V]; got shape {q_shape}.")
+    if draft_probs is not None and (len(p_shape) != want_tok + 1 or p_shape[:-1] != d_shape):
         raise ValueError(
             f"draft_probs must be {lead}N, V] matching draft_tokens {d_shape}; got {p_shape}. "
-            "For drafters that pick tokens deterministically pass one-hot rows."
+            "For drafters that pick tokens deterministically pass None."
         )
-    vocab = p_shape[-1]
+    vocab = q_shape[-1] if draft_probs is None else p_shape[-1]
     want_q = (*d_shape[:-1], n + 1, vocab)
     if tuple(q_shape) != want_q:
         raise ValueError(
@@ -103,7 +111,8 @@ def validate_chain_inputs(draft_tokens, draft_probs, target_probs, *, batched: b
             raise ValueError(f"draft_tokens must be integers; got dtype {toks.dtype}.")
         if toks.size and (toks.min() < 0 or toks.max() >= vocab):
             raise ValueError(f"draft_tokens must lie in [0, {vocab}); got values {toks.min()}..{toks.max()}.")
-    check_distribution(draft_probs, "draft_probs")
+    if draft_probs is not None:
+        check_distribution(draft_probs, "draft_probs")
     check_distribution(target_probs, "target_probs")
 
 
@@ -111,17 +120,26 @@ def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id):
     n = draft_tokens.shape[0]
     accept_key, sample_key = jax.random.split(key)
 
-    p_d = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
     q_d = jnp.take_along_axis(target_probs[:n], draft_tokens[:, None], axis=-1)[:, 0]
     u = jax.random.uniform(accept_key, (n,))
-    accepted = jnp.cumprod(u < acceptance_probability(p_d, q_d)).astype(bool)
+    if draft_probs is None:  # one-hot p: accept with probability q(d)
+        accept = u < acceptance_probability(jnp.ones_like(q_d), q_d)
+    else:
+        p_d = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
+        accept = u < acceptance_probability(p_d, q_d)
+    accepted = jnp.cumprod(accept).astype(bool)
     num_accepted = jnp.sum(accepted).astype(jnp.int32)
 
-    # A zero row stands for "no draft" at the bonus position: residual(q, 0) = q,
-    # so the correction and the bonus token come from one code path.
-    p_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
-    next_dist = residual_distribution(target_probs[num_accepted], p_padded[num_accepted])
-    next_token = sample(sample_key, next_dist)
+    q_next = target_probs[num_accepted]
+    if draft_probs is None:
+        # residual(q, one_hot(d)) is q without d, renormalized; at the bonus position nothing is removed.
+        rejected = jnp.where(num_accepted < n, draft_tokens[jnp.minimum(num_accepted, n - 1)], -1)
+        p_next = (jnp.arange(q_next.shape[0]) == rejected).astype(q_next.dtype)
+    else:
+        # A zero row stands for "no draft" at the bonus position: residual(q, 0) = q,
+        # so the correction and the bonus token come from one code path.
+        p_next = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)[num_accepted]
+    next_token = sample(sample_key, residual_distribution(q_next, p_next))
 
     slots = jnp.arange(n + 1)
     drafts_padded = jnp.concatenate([draft_tokens.astype(jnp.int32), jnp.zeros((1,), jnp.int32)])
@@ -130,8 +148,17 @@ def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id):
     return ChainVerdict(tokens, num_accepted, num_accepted + 1, accepted)
 
 
+def _probs_axis(draft_probs):
+    return None if draft_probs is None else 0
+
+
 _verify_chain_jit = jax.jit(_verify_chain)
-_verify_chain_batch_jit = jax.jit(jax.vmap(_verify_chain, in_axes=(0, 0, 0, 0, None)))
+
+
+@jax.jit
+def _verify_chain_batch_jit(draft_tokens, draft_probs, target_probs, keys, pad_id):
+    in_axes = (0, _probs_axis(draft_probs), 0, 0, None)
+    return jax.vmap(_verify_chain, in_axes=in_axes)(draft_tokens, draft_probs, target_probs, keys, pad_id)
 
 
 def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0) -> ChainVerdict:
@@ -143,7 +170,7 @@ def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0) -> Chai
     Args:
       draft_tokens: int32[N], the drafts, N >= 1 (static).
       draft_probs: float32[N, V], the drafter's distribution at each draft
-        position (one-hot rows for deterministic drafters).
+        position, or None for deterministic drafts (verified as one-hot rows).
       target_probs: float32[N + 1, V], the target's distribution at each draft
         position and at the bonus position.
       key: PRNG key.
@@ -166,7 +193,7 @@ def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0) 
 
     Args:
       draft_tokens: int32[B, N].
-      draft_probs: float32[B, N, V].
+      draft_probs: float32[B, N, V], or None for deterministic drafts.
       target_probs: float32[B, N + 1, V].
       keys: PRNG keys [B] (one per row, e.g. ``jax.random.split(key, B)``).
       pad_id: value for unused slots of ``tokens``.
@@ -181,11 +208,59 @@ def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0) 
             f"{np.shape(draft_tokens)[0]}; use jax.random.split(key, B)."
         )
     if _any_traced(draft_tokens, draft_probs, target_probs, keys):
-        fn = jax.vmap(_verify_chain, in_axes=(0, 0, 0, 0, None))
+        fn = jax.vmap(_verify_chain, in_axes=(0, _probs_axis(draft_probs), 0, 0, None))
     else:
         fn = _verify_chain_batch_jit
     return fn(draft_tokens, draft_probs, target_probs, keys, jnp.int32(pad_id))
 
 
+@jax.jit
+def _verify_chain_batch_logits(draft_tokens, draft_logits, target_logits, keys, sampling, pad_id):
+    p = None if draft_logits is None else probs_from_logits(draft_logits, sampling)
+    return _verify_chain_batch_jit(draft_tokens, p, probs_from_logits(target_logits, sampling), keys, pad_id)
+
+
+def _check_logits(draft_tokens, draft_logits, target_logits, *, batched: bool) -> None:
+    """The shape checks of :func:`validate_chain_inputs` for logits (any real values are logits)."""
+    lead = "[B, " if batched else "["
+    d_shape, q_shape = np.shape(draft_tokens), np.shape(target_logits)
+    if len(d_shape) != (2 if batched else 1) or d_shape[-1] < 1:
+        raise ValueError(f"draft_tokens must be int {lead}N] with N >= 1; got shape {d_shape}.")
+    n = d_shape[-1]
+    if tuple(q_shape[:-1]) != (*d_shape[:-1], n + 1):
+        raise ValueError(f"target_logits must be {lead}N + 1, V] for draft_tokens {d_shape}; got {q_shape}.")
+    if draft_logits is not None and tuple(np.shape(draft_logits)) != (*d_shape, q_shape[-1]):
+        raise ValueError(f"draft_logits must be {lead}N, V] = {(*d_shape, q_shape[-1])}; got {np.shape(draft_logits)}.")
+
+
+def verify_chain_logits(draft_tokens, draft_logits, target_logits, key, sampling: SamplingParams | None = None,
+                        pad_id=0) -> ChainVerdict:  # fmt: skip
+    """:func:`verify_chain` on logits: both sides become distributions with ``sampling``
+    (temperature, top-k, top-p; default temperature 1 with nothing cut) inside one compiled program.
+
+    Args:
+      draft_tokens: int32[N]; draft_logits: float32[N, V] or None (deterministic drafts);
+      target_logits: float32[N + 1, V]; key: PRNG key.
+    """
+    _check_logits(draft_tokens, draft_logits, target_logits, batched=False)
+    sampling = SamplingParams.create() if sampling is None else sampling
+    verdict = _verify_chain_batch_logits(
+        jnp.asarray(draft_tokens)[None], None if draft_logits is None else jnp.asarray(draft_logits)[None],
+        jnp.asarray(target_logits)[None], jnp.asarray(key)[None], sampling, jnp.int32(pad_id),
+    )  # fmt: skip
+    return jax.tree.map(lambda x: x[0], verdict)
+
+
+def verify_chain_batch_logits(draft_tokens, draft_logits, target_logits, keys, sampling: SamplingParams | None = None,
+                              pad_id=0) -> ChainVerdict:  # fmt: skip
+    """:func:`verify_chain_logits` for a batch: int32[B, N], [B, N, V] or None, [B, N + 1, V], keys [B];
+    ``sampling``'s knobs broadcast against the logits' leading axes (scalars, or [B, 1] per row)."""
+    _check_logits(draft_tokens, draft_logits, target_logits, batched=True)
+    if np.shape(keys)[:1] != np.shape(draft_tokens)[:1]:
+        raise ValueError(f"need one key per row: got keys of shape {np.shape(keys)}; use jax.random.split(key, B).")
+    sampling = SamplingParams.create() if sampling is None else sampling
+    return _verify_chain_batch_logits(draft_tokens, draft_logits, target_logits, keys, sampling, jnp.int32(pad_id))
+
+
 def _any_traced(*xs) -> bool:
-    return any(not is_concrete(x) for x in xs)
+    return any(x is not None and not is_concrete(x) for x in xs)

@@ -133,6 +133,6 @@ def shipped_head(model_name: str, kind: str = "eagle3") -> pathlib.Path:
         have = sorted(p.name for p in (pathlib.Path(__file__).parent / "heads").glob("*") if p.is_dir())
         raise ValueError(
             f"no {kind} head ships for {model_name!r} (shipped: {', '.join(have) or 'none'}); train one with "
-            f"`jspec train {kind} --model {model_name} --out DIR` and pass --head DIR."
+            f"`jspec train {kind} --model {model_name} --out DIR` and pass that folder as the head."
         )
     return folder

@@ -19,7 +19,10 @@ from flax import nnx, struct
 from jspec.cache import KVCache
 from jspec.models.config import ModelConfig
 
-__all__ = ["ModelOutput", "Transformer", "apply_rope", "attention", "layer_loop_for_backend", "linear", "rms_norm"]
+__all__ = [
+    "ModelOutput", "Transformer", "apply_rope", "attention", "decoder_layer", "layer_loop_for_backend", "linear",
+    "rms_norm",
+]  # fmt: skip
 
 LAYER_PARAMS = ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
 # Matrices are stored [out, in] (the checkpoints' layout) and applied by :func:`linear`.
@@ -105,6 +108,47 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b, t, heads * d)
 
 
+def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None):
+    """One decoder layer: attention over the cache, then the SwiGLU MLP, each added to the residual stream.
+
+    Shared by the target models and the EAGLE draft heads, which read their attention input
+    from more than the residual stream.
+
+    Args:
+      config: the attention shapes (``num_heads``, ``num_kv_heads``, ``head_dim``,
+        ``rope_theta``, ``rms_eps``; ``qkv_bias`` when present).
+      p: the layer's weights by name (:data:`LAYER_PARAMS`; ``attn_norm`` and ``bqkv`` may
+        be absent when ``attn_input`` is given or there is no bias).
+      x: [B, T, H], the residual stream.
+      write: stores this step's keys and values [B, T, KVH, D] in the cache and returns
+        the layer's whole cache (k, v) [B, S, KVH, D].
+      positions: int32[B, T], the RoPE positions; mask: bool[B, T, S].
+      attn_input: [B, T, H'] that the q, k, v projection reads instead of
+        ``rms_norm(x, attn_norm)`` (an EAGLE-3 head's normalized embedding and feature).
+
+    Returns:
+      The new residual stream [B, T, H].
+    """
+    c = config
+    b, t, _ = x.shape
+    h = rms_norm(x, p["attn_norm"], c.rms_eps) if attn_input is None else attn_input
+    qkv = linear(h, p["wqkv"])
+    if getattr(c, "qkv_bias", False):
+        qkv = qkv + _expand(p["bqkv"], 3)
+    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    q, k, v = qkv[..., :qd], qkv[..., qd : qd + kvd], qkv[..., qd + kvd :]
+    q = apply_rope(q.reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
+    k = apply_rope(k.reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    k_all, v_all = write(k, v)
+
+    x = x + linear(attention(q, k_all, v_all, mask), p["wo"])
+
+    h = rms_norm(x, p["mlp_norm"], c.rms_eps)
+    gate, up = jnp.split(linear(h, p["w_gate_up"]), 2, axis=-1)
+    return x + linear(jax.nn.silu(gate) * up, p["w_down"])
+
+
 class LayerWeights(nnx.Module):
     """One layer's weights, or all layers' stacked along a leading L axis (``stack=L``)."""
 
@@ -155,37 +199,6 @@ class Transformer(nnx.Module):
         )
 
     # ------------------------------------------------------------------ pieces
-
-    def _layer(self, p: dict, x, write, positions, mask):
-        """One decoder layer.
-
-        Args:
-          x: [B, T, H], the residual stream.
-          write: stores this step's keys and values [B, T, KVH, D] in the
-            cache and returns this layer's whole cache (k, v) [B, S, KVH, D].
-
-        Returns:
-          The new residual stream.
-        """
-        c = self.config
-        b, t, _ = x.shape
-        h = rms_norm(x, p["attn_norm"], c.rms_eps)
-        qkv = linear(h, p["wqkv"])
-        if c.qkv_bias:
-            qkv = qkv + _expand(p["bqkv"], 3)
-        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q, k, v = qkv[..., :qd], qkv[..., qd : qd + kvd], qkv[..., qd + kvd :]
-        q = apply_rope(q.reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
-        k = apply_rope(k.reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
-        v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
-        k_all, v_all = write(k, v)
-
-        x = x + linear(attention(q, k_all, v_all, mask), p["wo"])
-
-        h = rms_norm(x, p["mlp_norm"], c.rms_eps)
-        gate, up = jnp.split(linear(h, p["w_gate_up"]), 2, axis=-1)
-        x = x + linear(jax.nn.silu(gate) * up, p["w_down"])
-        return x
 
     def layer_arrays(self, index: int) -> dict:
         """Layer ``index``'s weights by name (:data:`LAYER_PARAMS`), whichever layer loop holds them."""
@@ -257,7 +270,7 @@ class Transformer(nnx.Module):
                     written["v"] = v_layer.at[rows, slots].set(v.astype(v_layer.dtype), mode="drop")
                     return written["k"], written["v"]
 
-                x = self._layer(p, x, write, positions, mask)
+                x = decoder_layer(self.config, p, x, write, positions, mask)
                 return x, (written["k"], written["v"], x if hidden_layers else None)
 
             xs = (self.layers.arrays(), cache.k, cache.v)
@@ -274,7 +287,7 @@ class Transformer(nnx.Module):
                     buf["v"] = buf["v"].at[i, rows, slots].set(v.astype(buf["v"].dtype), mode="drop")
                     return buf["k"][i], buf["v"][i]
 
-                x = self._layer(layer.arrays(), x, write, positions, mask)
+                x = decoder_layer(self.config, layer.arrays(), x, write, positions, mask)
                 outs[i] = x
             new_k, new_v = buf["k"], buf["v"]
             hidden = tuple(outs[i] for i in hidden_layers)

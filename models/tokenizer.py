@@ -94,7 +94,7 @@ class TextTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Renders the model's own (Jinja) chat template."""
         if not self.chat_template:
-            raise ValueError("this model has no chat template; drop --chat and pass the raw prompt.")
+            raise ValueError("this model has no chat template; pass the raw prompt instead of chat messages.")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         # A sandbox: the template is data that came with untrusted model files.

@@ -86,6 +86,6 @@ def assert_greedy_matches(model, tok, reference, ids, max_new: int) -> None:
     with torch.no_grad():
         out = ref_model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False)
     want = out[0, len(ids) :].tolist()
-    got = Decoder(model, tok.eos_token_ids).generate([ids], max_new).tokens[0]
+    got = Decoder(model, eos_ids=tok.eos_token_ids).generate([ids], max_new).tokens[0]
     n = min(len(got), len(want))
     assert got[:n] == want[:n] and n >= 8

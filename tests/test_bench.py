@@ -20,7 +20,7 @@ def test_run_prompts_sums_runs_and_reports_speculation():
     prompts = [[3, 4, 5, 3, 4], [7, 8, 9]]
     plain = run_prompts(Decoder(model), prompts, 6, None)
     assert plain["new_tokens"] == 12 and plain["tau"] == 1.0 and plain["target_calls"] == 2 * 6
-    spec = run_prompts(SpeculativeDecoder(model, PromptLookup(3, model.config.vocab_size)), prompts, 6, None)
+    spec = run_prompts(SpeculativeDecoder(model, PromptLookup(num_draft=3)), prompts, 6, None)
     assert spec["new_tokens"] == 12 and len(spec["acceptance_by_position"]) == 3
     assert spec["target_calls"] == 2 + spec["verify_steps"] + spec["plain_steps"]
     assert 1.0 <= spec["tau"] <= 4.0

@@ -115,6 +115,8 @@ def test_generate_bad_input(capsys):
     argv = ["generate", "--method", "eagle3", "--tree", "dynamic", "--tree-nodes", "99", "--prompt", "x"]
     assert main(argv) == 2
     assert "total" in capsys.readouterr().err
+    assert main(["generate", "--method", "eagle3", "--tree", "dynamic", "--num-draft", "5", "--prompt", "x"]) == 2
+    assert "conflicts with the tree" in capsys.readouterr().err
 
 
 def test_generate_ngram_reports_speculation_stats(capsys, smollm2):

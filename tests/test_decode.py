@@ -8,7 +8,8 @@ from flax import nnx
 from stats_util import LEVEL, gof_p_value
 from tiny import tiny_model
 
-from jspec.decode import DecodeConfig, Decoder, batch_inputs, bucket, cache_slots, decode_loop, jit_forward
+from jspec.batching import LoopConfig, batch_inputs, bucket, cache_slots
+from jspec.decode import Decoder, PlainLoop, decode_loop, jit_forward
 from jspec.sampling import SamplingParams
 
 
@@ -77,8 +78,9 @@ def test_the_cache_holds_each_prompt_and_budget_and_no_more(model):
     prompts = [rng.integers(4, 97, n).tolist() for n in (20, 9)]
     decoder = Decoder(model)
     result = decoder.generate(prompts, 40)
-    ((_, config),) = decoder._compiled
-    assert (config.prompt_len, config.max_new, config.capacity) == (32, 64, 64)
+    ((_, loop),) = decoder._compiled
+    config = loop.config
+    assert (config.prompt_len, config.max_new, config.capacity()) == (32, 64, 64)
     for prompt, got in zip(prompts, result.tokens, strict=True):
         assert got == _naive_greedy(model, prompt, 40, width=64)
     assert cache_slots(16, 16, 3, 5) == 16 and cache_slots(128, 64, 100, 64) == 192  # never above P + M
@@ -86,8 +88,8 @@ def test_the_cache_holds_each_prompt_and_budget_and_no_more(model):
     batch = batch_inputs(prompts, 40, None, None)
     assert batch.cache_len == 64
     graphdef, state = nnx.split(model)
-    short = DecodeConfig(32, 64, (), cache_len=56)
-    tokens, _, _ = decode_loop(graphdef, state, *batch[:3], SamplingParams.greedy(), jax.random.PRNGKey(0), short)
+    short = PlainLoop(graphdef, LoopConfig(32, 64, (), cache_len=56))
+    tokens, _, _ = decode_loop(short, state, *batch.arrays())
     assert np.asarray(tokens)[0, :40].tolist() != result.tokens[0]
 
 

@@ -8,17 +8,11 @@ from flax import nnx
 from tiny import peaked_model, tiny_model
 
 from jspec.decode import Decoder
-from jspec.eagle import DraftHead, EagleDrafter, HeadConfig, draft_vocabulary, ttt_mask
+from jspec.drafters import EagleDrafter
 from jspec.engine import SpeculativeDecoder
-from jspec.train_eagle import (
-    Recipe,
-    TrainConfig,
-    Trainer,
-    batch_order,
-    head_loss,
-    teacher_forced_agreement,
-    ttt_forward,
-)
+from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+from jspec.training import Recipe, TrainConfig, Trainer, head_loss, teacher_forced_agreement, ttt_forward, ttt_mask
+from jspec.training.trainer import batch_order
 
 V = 97
 
@@ -76,8 +70,8 @@ def test_training_time_test_computes_what_drafting_computes(target, kind):
 @pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
 def test_eagle_greedy_equals_plain_greedy(target, kind):
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
-    drafter, weights = EagleDrafter.from_head(_head(target, kind), 3, V)
-    got = SpeculativeDecoder(target, drafter, weights).generate(prompts, 20)
+    drafter = EagleDrafter.from_head(_head(target, kind), target, num_draft=3)
+    got = SpeculativeDecoder(target, drafter).generate(prompts, 20)
     assert got.tokens == Decoder(target).generate(prompts, 20).tokens
     assert got.verify_steps + 1 == got.target_calls  # an EAGLE head always drafts
 
@@ -155,7 +149,7 @@ def test_bad_head_options_are_clear_errors(target):
     with pytest.raises(ValueError, match="draft vocabulary size"):
         HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=V + 1)
     with pytest.raises(ValueError, match="vocabulary of 97"):
-        EagleDrafter.from_head(_head(target), 3, 50)
+        EagleDrafter.from_head(_head(target), tiny_model("qwen2", vocab_size=50), num_draft=3)
 
 
 _KILLED_RUN = """
@@ -195,7 +189,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(target, tmp_path):
 
 
 def test_saved_head_round_trips_and_a_damaged_file_is_refused(target, tmp_path):
-    from jspec.eagle import load_head, save_head
+    from jspec.heads import load_head, save_head
 
     head = _head(target)
     save_head(head, tmp_path / "h", recipe={"note": "test"})
@@ -217,8 +211,8 @@ def test_saved_head_round_trips_and_a_damaged_file_is_refused(target, tmp_path):
 
 
 def test_training_prompts_are_deterministic_and_not_evaluation_prompts():
-    from jspec.eagle_data import stdlib_prompts
     from jspec.prompts import load_prompts
+    from jspec.training.data import stdlib_prompts
 
     prompts = stdlib_prompts(200)
     assert len(prompts) == 200 and prompts == stdlib_prompts(200)
@@ -233,7 +227,7 @@ def test_fast_source_reading_equals_ast_on_awkward_sources():
     only; both must give exactly what ``ast.get_source_segment`` and ``ast.walk`` give."""
     import ast
 
-    from jspec.eagle_data import _source_lines, _source_segment, _statements
+    from jspec.training.data import _source_lines, _source_segment, _statements
 
     source = (
         'class A:\r\n    """Docs with ünïcode."""\r\n    def f(self, x):\r\n        return [\r\n'
@@ -256,7 +250,7 @@ def test_fast_source_reading_equals_ast_on_awkward_sources():
 
 
 def test_stdlib_prompts_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
-    from jspec import eagle_data
+    from jspec.training import data as eagle_data
 
     builds = []
 
@@ -276,7 +270,7 @@ def test_stdlib_prompts_are_cached_and_a_damaged_cache_is_rebuilt(tmp_path, monk
 
 
 def test_data_shards_round_trip_and_an_unfinished_set_is_refused(tmp_path):
-    from jspec.eagle_data import load_shards, write_shards
+    from jspec.training.data import load_shards, write_shards
 
     rng = np.random.default_rng(0)
     data = {"tokens": rng.integers(0, V, (5, 8)).astype(np.int32), "mask": rng.random((5, 8)) > 0.5,
@@ -308,8 +302,8 @@ class _WordTokenizer:
 
 
 def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_text(target):
-    from jspec.eagle_data import _word_ngrams, evaluation_ngrams, self_instruct_prompts
     from jspec.prompts import load_prompts
+    from jspec.training.data import _word_ngrams, evaluation_ngrams, self_instruct_prompts
 
     tok = _WordTokenizer()
     kw = {"max_tokens": 24, "batch_size": 8, "exclude": set()}
@@ -327,9 +321,9 @@ def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_tex
 def test_prepared_data_is_reused_only_for_the_recipe_that_made_it(target, tmp_path):
     import dataclasses
 
-    from jspec.eagle import HeadConfig
-    from jspec.eagle_data import write_shards
-    from jspec.train_eagle import Recipe, prepare_data
+    from jspec.heads import HeadConfig
+    from jspec.training.data import write_shards
+    from jspec.training.recipe import Recipe, prepare_data
 
     recipe = dataclasses.replace(Recipe.tiny(), prompt_source="self")
     layers = HeadConfig.for_target(target.config, "eagle3", 1).feature_layers
@@ -364,7 +358,7 @@ def test_windowed_ttt_mask_is_the_context_plus_own_earlier_steps():
 def test_loss_on_the_window_equals_the_loss_on_every_row(target, kind):
     """Steps after the first, the output layer and the loss run on the loss window only: same loss,
     same gradients, on responses at different offsets (one at the start, one at the very end)."""
-    from jspec.train_eagle import loss_window
+    from jspec.training.loss import loss_window
 
     head, steps = _head(target, kind), 3
     tokens = jax.random.randint(jax.random.PRNGKey(3), (3, 24), 4, V)

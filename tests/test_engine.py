@@ -7,7 +7,7 @@ import pytest
 from tiny import peaked_model, tiny_model
 
 from jspec.decode import Decoder
-from jspec.drafters import Context, DraftModel, PromptLookup
+from jspec.drafters import ChainProposal, Context, DraftModel, Feedback, PromptLookup
 from jspec.engine import SpeculativeDecoder
 from jspec.sampling import SamplingParams
 
@@ -27,7 +27,7 @@ def _prompts():
 def test_prompt_lookup_greedy_equals_plain_greedy(target, num_draft):
     prompts = _prompts()
     want = Decoder(target).generate(prompts, 24).tokens
-    got = SpeculativeDecoder(target, PromptLookup(num_draft, 97)).generate(prompts, 24)
+    got = SpeculativeDecoder(target, PromptLookup(num_draft=num_draft)).generate(prompts, 24)
     assert got.tokens == want
     assert got.verify_steps + got.plain_steps + 1 == got.target_calls
 
@@ -36,8 +36,8 @@ def test_prompt_lookup_greedy_equals_plain_greedy(target, num_draft):
 def test_draft_model_greedy_equals_plain_greedy(target, same_model):
     prompts = _prompts()
     draft = target if same_model else tiny_model("qwen2", seed=1, num_layers=1)
-    drafter, weights = DraftModel.from_model(draft, 3, 97)
-    got = SpeculativeDecoder(target, drafter, weights).generate(prompts, 24)
+    drafter = DraftModel.from_model(draft, 97, num_draft=3)
+    got = SpeculativeDecoder(target, drafter).generate(prompts, 24)
     assert got.tokens == Decoder(target).generate(prompts, 24).tokens
     if same_model:  # drafting with the target itself: every draft is accepted
         assert got.acceptance_by_position() == [1.0, 1.0, 1.0]
@@ -46,7 +46,7 @@ def test_draft_model_greedy_equals_plain_greedy(target, same_model):
 
 def test_rows_with_different_acceptance_match_each_row_alone(target):
     prompts = _prompts()
-    engine = SpeculativeDecoder(target, PromptLookup(4, 97))
+    engine = SpeculativeDecoder(target, PromptLookup(num_draft=4))
     batch = engine.generate(prompts, 20)
     for prompt, row in zip(prompts, batch.tokens, strict=True):
         assert engine.generate([prompt], 20).tokens[0] == row
@@ -56,27 +56,27 @@ def test_eos_and_budget_per_row(target):
     prompts = _prompts()
     plain = Decoder(target).generate(prompts, 24).tokens
     eos = plain[0][5]
-    got = SpeculativeDecoder(target, PromptLookup(4, 97), eos_ids=(eos,)).generate(prompts, 24).tokens
+    got = SpeculativeDecoder(target, PromptLookup(num_draft=4), eos_ids=(eos,)).generate(prompts, 24).tokens
     want = Decoder(target, eos_ids=(eos,)).generate(prompts, 24).tokens
     assert got == want and len(got[0]) <= 6
-    short = SpeculativeDecoder(target, PromptLookup(4, 97)).generate(prompts, 3).tokens
+    short = SpeculativeDecoder(target, PromptLookup(num_draft=4)).generate(prompts, 3).tokens
     assert [len(t) for t in short] == [3, 3, 3]
 
 
 def test_prompt_lookup_finds_the_latest_longest_match():
-    lookup = PromptLookup(num_draft=3, vocab_size=50, max_ngram=2)
+    lookup = PromptLookup(num_draft=3, max_ngram=2)
     history = jnp.array([[5, 6, 7, 8, 9, 5, 6, 1, 2, 5, 6, 0, 0]])
     ctx = Context(history, jnp.array([11]), jnp.array([10]))
-    proposal, _ = lookup.propose((), (), ctx, None, None)
+    proposal, _ = lookup.propose((), ctx, None, None)
     assert proposal.tokens.tolist() == [[1, 2, 5]]  # after the latest earlier "5 6"
     assert proposal.has_draft.tolist() == [True]
     none = Context(jnp.array([[1, 2, 3, 4, 0]]), jnp.array([4]), jnp.array([3]))
-    assert lookup.propose((), (), none, None, None)[0].has_draft.tolist() == [False]
+    assert lookup.propose((), none, None, None)[0].has_draft.tolist() == [False]
 
 
 def test_vocabulary_mismatch_is_a_clear_error(target):
     with pytest.raises(ValueError, match=r"vocabulary \(50\) differs from the target's \(97\)"):
-        DraftModel.from_model(tiny_model(vocab_size=50), 3, 97)
+        DraftModel.from_model(tiny_model(vocab_size=50), target, num_draft=3)
 
 
 class _ScriptedDrafter:
@@ -93,19 +93,17 @@ class _ScriptedDrafter:
         return isinstance(other, _ScriptedDrafter) and other._drafts == self._drafts
 
     hidden_layers = ()
+    num_nodes = None
+    num_lookahead = 0
 
-    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
+    def init(self, prompts, ctx, capacity, sampling, hidden):
         return ()
 
-    def propose(self, weights, state, ctx, key, sampling):
-        import jax
-
-        from jspec.drafters import Proposal
-
+    def propose(self, state, ctx, key, sampling):
         tokens = jnp.asarray(self._drafts, jnp.int32)
-        return Proposal(tokens, jax.nn.one_hot(tokens, 97), jnp.ones(tokens.shape[0], bool)), state
+        return ChainProposal(tokens, None, jnp.ones(tokens.shape[0], bool)), state
 
-    def commit(self, weights, state, ctx, num_accepted, hidden):
+    def commit(self, state, ctx, feedback):
         return state
 
 
@@ -140,10 +138,10 @@ def test_sampled_output_has_the_target_distribution_with_negative_control():
     target = peaked_model(seed=5)
     plain = np.array(Decoder(target).generate(prompts, 3, params, seed=1).tokens)
     draft = peaked_model(seed=6, num_layers=1)
-    drafter, weights = DraftModel.from_model(draft, 2, 97)
+    drafter = DraftModel.from_model(draft, 97, num_draft=2)
 
     def p_value(verifier):
-        engine = SpeculativeDecoder(target, drafter, weights, verifier=jax.vmap(verifier))
+        engine = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier))
         spec = np.array(engine.generate(prompts, 3, params, seed=2).tokens)
         chi2, dof = 0.0, 0
         for j in (1, 2):
@@ -162,39 +160,40 @@ def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accep
     """After any number accepted (the one-token and the catch-up paths), the next drafts are what
     the draft model alone would generate from the committed text: its cache was rolled back right."""
     draft = tiny_model("qwen2", seed=1, num_layers=1)
-    drafter, weights = DraftModel.from_model(draft, 3, 97)
+    drafter = DraftModel.from_model(draft, 97, num_draft=3)
     greedy = SamplingParams.greedy()
     prompt = [11, 12, 13, 14, 15]
     capacity = 32
     history = jnp.zeros((1, capacity), jnp.int32).at[0, :6].set(jnp.array([*prompt, 40]))
     ctx = Context(history, jnp.array([6]), jnp.array([5]))  # 40: the target's first sample, pending
-    state = drafter.init(weights, jnp.array([prompt]), ctx, capacity, greedy, ())
-    proposal, state = drafter.propose(weights, state, ctx, jax.random.PRNGKey(0), greedy)
+    state = drafter.init(jnp.array([prompt]), ctx, capacity, greedy, ())
+    proposal, state = drafter.propose(state, ctx, jax.random.PRNGKey(0), greedy)
     drafts = proposal.tokens[0].tolist()
     assert drafts == Decoder(draft).generate([[*prompt, 40]], 3).tokens[0]
     # The target accepts `accepted` drafts and emits 50 (a correction, or the bonus when all pass).
     text = [*prompt, 40, *drafts[:accepted], 50]
     history = jnp.zeros((1, capacity), jnp.int32).at[0, : len(text)].set(jnp.array(text))
     ctx = Context(history, jnp.array([len(text)]), jnp.array([len(text) - 1]))
-    state = drafter.commit(weights, state, ctx, jnp.array([accepted]), ())
-    proposal, _ = drafter.propose(weights, state, ctx, jax.random.PRNGKey(1), greedy)
+    state = drafter.commit(state, ctx, Feedback(jnp.array([accepted]), ()))
+    proposal, _ = drafter.propose(state, ctx, jax.random.PRNGKey(1), greedy)
     assert proposal.tokens[0].tolist() == Decoder(draft).generate([text], 3).tokens[0]
 
 
 def test_engine_cache_is_sized_to_the_request_with_negative_control(target, monkeypatch):
     """Prompts of 20 and 9 tokens, 40 new: buckets 32 + 64, but 64 slots (plus one verify) suffice."""
-    import jspec.decode
+    import jspec.batching
 
     rng = np.random.default_rng(2)
     prompts = [rng.integers(4, 97, n).tolist() for n in (20, 9)]
     want = Decoder(target).generate(prompts, 40).tokens
-    drafter, weights = DraftModel.from_model(target, 3, 97)  # the target drafting: every step writes 4 slots
-    engine = SpeculativeDecoder(target, drafter, weights)
+    drafter = DraftModel.from_model(target, 97, num_draft=3)  # the target drafting: every step writes 4 slots
+    engine = SpeculativeDecoder(target, drafter)
     got = engine.generate(prompts, 40)
-    ((_, config),) = engine._compiled
+    ((_, loop),) = engine._compiled
+    config = loop.config
     assert (config.prompt_len, config.max_new, config.cache_len, config.capacity(4)) == (32, 64, 64, 68)
     assert got.tokens == want
     # Negative control: a cache of 40 + 4 slots loses row 0's later keys and changes its output.
-    monkeypatch.setattr(jspec.decode, "cache_slots", lambda *args: 40)
-    short = SpeculativeDecoder(target, drafter, weights).generate(prompts, 40)
+    monkeypatch.setattr(jspec.batching, "cache_slots", lambda *args: 40)
+    short = SpeculativeDecoder(target, drafter).generate(prompts, 40)
     assert short.tokens[0] != want[0]

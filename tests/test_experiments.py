@@ -57,7 +57,7 @@ def _random_training_data(folder, hidden_size):
     """A small data set in ``jspec train``'s format, random features: enough to run a training step."""
     import numpy as np
 
-    from jspec.eagle_data import write_shards
+    from jspec.training.data import write_shards
 
     rng = np.random.default_rng(0)
     n, t, h = 6, 24, hidden_size

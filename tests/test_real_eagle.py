@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from jspec.cli import main
-from jspec.eagle import load_head
-from jspec.train_eagle import Recipe, load_extra_data, train_head
+from jspec.heads import load_head
+from jspec.training.recipe import Recipe, load_extra_data, train_head
 
 
 def test_tiny_training_run_then_greedy_eagle_equals_plain(smollm2, tmp_path, capsys):

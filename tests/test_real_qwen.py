@@ -56,8 +56,8 @@ def test_draft_model_greedy_equals_plain_greedy_on_the_qwen_pair():
     target, tok = load_model("qwen2.5-coder-1.5b")
     draft, _ = load_model("qwen2.5-coder-0.5b")
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a Python function is_prime(n)."}]))
-    plain = Decoder(target, tok.eos_token_ids).generate([ids], 24).tokens
-    drafter, weights = DraftModel.from_model(draft, 4, target.config.vocab_size)
-    result = SpeculativeDecoder(target, drafter, weights, tok.eos_token_ids).generate([ids], 24)
+    plain = Decoder(target, eos_ids=tok.eos_token_ids).generate([ids], 24).tokens
+    drafter = DraftModel.from_model(draft, target.config.vocab_size, num_draft=4)
+    result = SpeculativeDecoder(target, drafter, eos_ids=tok.eos_token_ids).generate([ids], 24)
     assert result.tokens == plain
     assert result.tau > 1.5

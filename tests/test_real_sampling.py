@@ -33,7 +33,7 @@ def test_prompt_lookup_at_temperature_one_matches_plain_sampling(smollm2):
     vocab = model.config.vocab_size
 
     def p_value(verifier):
-        engine = SpeculativeDecoder(model, PromptLookup(3, vocab), verifier=jax.vmap(verifier))
+        engine = SpeculativeDecoder(model, PromptLookup(num_draft=3), verifier=jax.vmap(verifier))
         spec = np.array(engine.generate(prompts, 4, params, seed=2).tokens)
         chi2, dof = 0.0, 0
         for j in (1, 2, 3):  # the first token comes from the prefill; these went through the verifier

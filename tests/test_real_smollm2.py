@@ -48,7 +48,7 @@ def test_cached_decode_equals_full_forward(smollm2):
 def test_greedy_batch_rows_match_each_alone(smollm2):
     model, tok = smollm2
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in ("Name a fruit.", "2+2?")]
-    decoder = Decoder(model, tok.eos_token_ids)
+    decoder = Decoder(model, eos_ids=tok.eos_token_ids)
     batch = decoder.generate(prompts, 12)
     for prompt, row in zip(prompts, batch.tokens, strict=True):
         assert decoder.generate([prompt], 12).tokens[0] == row
@@ -154,8 +154,8 @@ def test_hugging_face_folder_gives_the_same_logits_and_tokens(tmp_path, smollm2,
         assert np.abs(a - b).max() / np.abs(a).max() < PARITY_RTOL
     prompt = tok.encode(TEXTS[0])
     assert (
-        Decoder(hf_model, hf_tok.eos_token_ids).generate([prompt], 8).tokens
-        == Decoder(model, tok.eos_token_ids).generate([prompt], 8).tokens
+        Decoder(hf_model, eos_ids=hf_tok.eos_token_ids).generate([prompt], 8).tokens
+        == Decoder(model, eos_ids=tok.eos_token_ids).generate([prompt], 8).tokens
     )
 
 
@@ -168,8 +168,8 @@ def test_prompt_lookup_greedy_equals_plain_greedy(smollm2):
     code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
     questions = [f"Repeat this code and add a mul function:\n{code}", "List the days of the week."]
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
-    plain = Decoder(model, tok.eos_token_ids).generate(prompts, 48)
-    spec = SpeculativeDecoder(model, PromptLookup(4, model.config.vocab_size), (), tok.eos_token_ids)
+    plain = Decoder(model, eos_ids=tok.eos_token_ids).generate(prompts, 48)
+    spec = SpeculativeDecoder(model, PromptLookup(num_draft=4), eos_ids=tok.eos_token_ids)
     result = spec.generate(prompts, 48)
     assert result.tokens == plain.tokens
     assert result.verify_steps > 0 and result.tau > 1.0

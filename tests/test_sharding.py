@@ -23,9 +23,10 @@ import numpy as np
 from flax import nnx
 from tiny import tiny_model
 from jspec.decode import Decoder
-from jspec.drafters import DraftModel, PromptLookup
-from jspec.eagle import DraftHead, DynamicTreeSpec, EagleDrafter, HeadConfig, draft_vocabulary
+from jspec.drafters import DraftModel, EagleDrafter, PromptLookup
 from jspec.engine import SpeculativeDecoder
+from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+from jspec.tree import DynamicTreeSpec
 from jspec.sampling import SamplingParams
 from jspec.sharding import batch_mesh
 
@@ -41,9 +42,9 @@ config = HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=40)
 head = DraftHead(config, rngs=nnx.Rngs(1))
 head.attach_target(target, draft_vocabulary(np.arange(V)[::-1], 40))
 drafters = {
-    "ngram": lambda: (PromptLookup(3, V), ()),
-    "draft": lambda: DraftModel.from_model(target, 3, V),  # the target drafting: every draft accepted
-    "eagle_tree": lambda: EagleDrafter.from_head(head, 0, V, tree=DynamicTreeSpec(top_k=3, depth=3, total=8)),
+    "ngram": lambda: PromptLookup(num_draft=3),
+    "draft": lambda: DraftModel.from_model(target, V, num_draft=3),  # the target drafting: every draft accepted
+    "eagle_tree": lambda: EagleDrafter.from_head(head, target, tree=DynamicTreeSpec(top_k=3, depth=3, total=8)),
 }
 out = {}
 for temperature in (0.0, 1.0):
@@ -53,8 +54,8 @@ for temperature in (0.0, 1.0):
         out[f"plain/{temperature}/{device_count}"] = {"tokens": dec.generate(prompts, 20, sampling, seed=5).tokens}
     for name, make in drafters.items():
         for device_count in (1, 2):
-            drafter, weights = make()
-            engine = SpeculativeDecoder(target, drafter, weights, mesh=mesh if device_count == 2 else None)
+            drafter = make()
+            engine = SpeculativeDecoder(target, drafter, mesh=mesh if device_count == 2 else None)
             r = engine.generate(prompts, 20, sampling, seed=5)
             ((rows, _),) = engine._compiled
             shards = len({d for x in jax.tree.leaves(engine.tweights) for d in x.devices()})
@@ -63,8 +64,8 @@ for temperature in (0.0, 1.0):
                 "live_row_steps": r.live_row_steps, "rows": rows, "weight_devices": shards,
             }
     # Sensitivity: the filler row counted as a real one changes the statistics compared above.
-    drafter, weights = drafters["draft"]()
-    r = SpeculativeDecoder(target, drafter, weights).generate(prompts + [prompts[0]], 20, sampling, seed=5)
+    drafter = drafters["draft"]()
+    r = SpeculativeDecoder(target, drafter).generate(prompts + [prompts[0]], 20, sampling, seed=5)
     out[f"draft_with_filler_counted/{temperature}"] = {"accept_hist": r.accept_hist, "live_row_steps": r.live_row_steps}
 print(json.dumps(out))
 """

@@ -1,20 +1,18 @@
 """Tree decoding in the engine: one target forward over the tree, the accepted path moved into place."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import nnx, struct
 from tiny import tiny_model
 
 from jspec.cache import KVCache
 from jspec.decode import Decoder
-from jspec.drafters import TreeProposal
-from jspec.eagle import DraftHead, DynamicTreeSpec, EagleDrafter, HeadConfig, draft_vocabulary
+from jspec.drafters import EagleDrafter, Feedback, TreeProposal
 from jspec.engine import SpeculativeDecoder
-from jspec.tree import StaticTree
+from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+from jspec.tree import DynamicTreeSpec, StaticTree
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
@@ -25,23 +23,26 @@ def target():
     return tiny_model("qwen2", seed=0, num_layers=4)
 
 
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class OracleTree:
     """A [2, 2, 2] tree whose second child at every node is the right greedy token, the first a wrong one.
 
-    ``weights`` is int32[B, C]: each row's prompt and plain greedy continuation. Every
-    accepted path runs through second children, so the accepted entries of the target's
-    cache must move (slots 2, 4 or 6 and so on to 1, 2, 3).
+    ``oracle`` (its array, a pytree leaf) is int32[B, C]: each row's prompt and plain greedy
+    continuation. Every accepted path runs through second children, so the accepted entries of
+    the target's cache must move (slots 2, 4 or 6 and so on to 1, 2, 3).
     """
 
-    num_draft: int = 3
-    num_nodes: int = 15
+    oracle: jax.Array
+    num_draft = 3
+    num_nodes = 15
+    num_lookahead = 0
     hidden_layers = ()
 
-    def init(self, weights, prompts, ctx, capacity, sampling, hidden):
+    def init(self, prompts, ctx, capacity, sampling, hidden):
         return ()
 
-    def propose(self, weights, state, ctx, key, sampling):
+    def propose(self, state, ctx, key, sampling):
+        weights = self.oracle
         tree = StaticTree.from_branching([2, 2, 2])
         parents, depths = (jnp.asarray(x) for x in tree.arrays())
         rank = jnp.asarray([0] + [(i - 1) % 2 for i in range(1, tree.size)])
@@ -55,7 +56,7 @@ class OracleTree:
         ones = jnp.ones((b, tree.size), bool)
         return TreeProposal(tokens, bcast(parents), bcast(depths), ones, probs, ones[:, 0]), state
 
-    def commit(self, weights, state, ctx, num_accepted, hidden):
+    def commit(self, state, ctx, feedback):
         return state
 
 
@@ -69,7 +70,7 @@ def _oracle(prompts, plain, width=64):
 
 def test_tree_decoding_moves_the_accepted_path_into_place(target):
     plain = Decoder(target).generate(PROMPTS, 20).tokens
-    got = SpeculativeDecoder(target, OracleTree(), _oracle(PROMPTS, plain)).generate(PROMPTS, 20)
+    got = SpeculativeDecoder(target, OracleTree(_oracle(PROMPTS, plain))).generate(PROMPTS, 20)
     assert got.tokens == plain
     assert got.accept_hist[-1] == sum(got.accept_hist)  # every step accepted a full path of 3
     for p, g, length in zip(PROMPTS, plain, got.cache_lengths, strict=True):
@@ -87,7 +88,7 @@ def test_tree_decoding_negative_control_without_moving_the_path(target, monkeypa
     monkeypatch.setattr(KVCache, "commit_path", keep_in_place)
     jax.clear_caches()  # the engine's jitted loop must be traced again with the broken method
     try:
-        got = SpeculativeDecoder(target, OracleTree(), _oracle(PROMPTS, plain)).generate(PROMPTS, 20)
+        got = SpeculativeDecoder(target, OracleTree(_oracle(PROMPTS, plain))).generate(PROMPTS, 20)
     finally:
         jax.clear_caches()  # and no later test may reuse that trace
     assert got.tokens != plain
@@ -105,8 +106,8 @@ TREES = [DynamicTreeSpec(top_k=4, depth=3, total=12), DynamicTreeSpec(8, 2, 9), 
 
 @pytest.mark.parametrize("tree", TREES, ids=str)
 def test_eagle_tree_greedy_equals_plain_greedy(target, tree):
-    drafter, weights = EagleDrafter.from_head(_head(target), 0, V, tree=tree)
-    got = SpeculativeDecoder(target, drafter, weights).generate(PROMPTS, 24)
+    drafter = EagleDrafter.from_head(_head(target), target, tree=tree)
+    got = SpeculativeDecoder(target, drafter).generate(PROMPTS, 24)
     assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
     depth = tree.max_depth if isinstance(tree, StaticTree) else tree.depth
     assert drafter.num_draft == depth and len(got.accept_hist) == depth + 1
@@ -118,13 +119,13 @@ def test_tree_options_are_checked(target):
     with pytest.raises(ValueError, match="top_k"):
         DynamicTreeSpec(top_k=2, depth=2, total=8)
     with pytest.raises(ValueError, match="from_branching"):
-        EagleDrafter.from_head(_head(target), 0, V, tree=StaticTree((0, 0, 1)))
+        EagleDrafter.from_head(_head(target), target, tree=StaticTree((0, 0, 1)))
 
 
 def test_prompt_lookup_tree_holds_continuations_with_different_first_tokens():
     from jspec.drafters import PromptLookup
 
-    lookup = PromptLookup(3, V, num_paths=3)
+    lookup = PromptLookup(num_draft=3, num_paths=3)
     history = jnp.asarray([1, 2, 3, 1, 2, 4, 1, 2] + [0] * 8)
     tokens, used = lookup._tree_row(history, jnp.int32(8))
     # "1 2" ended at 4 and at 1: the later match first; no third continuation with a new first token.
@@ -138,7 +139,7 @@ def test_prompt_lookup_tree_greedy_equals_plain_greedy(target):
 
     prompts = [[5, 6, 7, 5, 6, 8, 5, 6, 7, 5, 6], [11, 12, 13, 11, 12, 14, 11, 12]]
     plain = Decoder(target).generate(prompts, 24).tokens
-    got = SpeculativeDecoder(target, PromptLookup(3, V, num_paths=3)).generate(prompts, 24)
+    got = SpeculativeDecoder(target, PromptLookup(num_draft=3, num_paths=3)).generate(prompts, 24)
     assert got.tokens == plain
     assert got.verify_steps > 0
 
@@ -151,9 +152,9 @@ def test_draft_model_tree_greedy_equals_plain_greedy(target, same_model):
     from jspec.drafters import DraftModel
 
     draft = target if same_model else tiny_model("qwen2", seed=1, num_layers=1)
-    drafter, weights = DraftModel.from_model(draft, 0, V, tree=StaticTree.from_branching([2, 2, 2]))
+    drafter = DraftModel.from_model(draft, V, tree=StaticTree.from_branching([2, 2, 2]))
     assert drafter.num_draft == 3 and drafter.num_nodes == 15
-    got = SpeculativeDecoder(target, drafter, weights).generate(PROMPTS, 24)
+    got = SpeculativeDecoder(target, drafter).generate(PROMPTS, 24)
     assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
     if same_model:  # the model's top choice is the target's greedy token: every path goes to a leaf
         assert got.acceptance_by_position() == [1.0, 1.0, 1.0]
@@ -168,19 +169,19 @@ def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkey
     from jspec.sampling import SamplingParams
 
     draft = tiny_model("qwen2", seed=1, num_layers=2)
-    drafter, weights = DraftModel.from_model(draft, 0, V, tree=StaticTree.from_branching([2, 2, 2]))
+    drafter = DraftModel.from_model(draft, V, tree=StaticTree.from_branching([2, 2, 2]))
     greedy, prompt, capacity = SamplingParams.greedy(), [11, 12, 13, 14, 15], 40
 
     def committed_cache():
         history = jnp.zeros((1, capacity), jnp.int32).at[0, :6].set(jnp.array([*prompt, 40]))
         ctx = Context(history, jnp.array([6]), jnp.array([5]))  # 40: the pending token
-        state = drafter.init(weights, jnp.array([prompt]), ctx, capacity, greedy, ())
-        proposal, state = drafter.propose(weights, state, ctx, jax.random.PRNGKey(0), greedy)
+        state = drafter.init(jnp.array([prompt]), ctx, capacity, greedy, ())
+        proposal, state = drafter.propose(state, ctx, jax.random.PRNGKey(0), greedy)
         tokens = proposal.tokens[0].tolist()
         text = [*prompt, 40, *(tokens[i] for i in path), 50]  # 50: the correction or bonus token
         history = jnp.zeros((1, capacity), jnp.int32).at[0, : len(text)].set(jnp.array(text))
         ctx = Context(history, jnp.array([len(text)]), jnp.array([len(text) - 1]))
-        state = drafter.commit(weights, state, ctx, jnp.array([len(path)]), ())
+        state = drafter.commit(state, ctx, Feedback(jnp.array([len(path)]), ()))
         return state, text
 
     state, text = committed_cache()

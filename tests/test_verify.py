@@ -17,6 +17,8 @@ from jspec.verify import (
     residual_distribution,
     verify_chain,
     verify_chain_batch,
+    verify_chain_batch_logits,
+    verify_chain_logits,
 )
 
 V = 12
@@ -174,6 +176,61 @@ def test_one_hot_drafts():
     tokens, num_accepted = _run(jnp.asarray(p), jnp.asarray(q), 30_000, seed=1, drafts=jnp.asarray(drafts))
     assert abs(np.mean(num_accepted >= 1) - q[0, drafts[0]]) < 0.01
     assert min(_position_p_values(tokens, num_accepted, q)) > LEVEL
+
+
+def _run_deterministic(drafts, q, steps, seed):
+    """verify_chain with ``draft_probs=None`` (no one-hot rows) on fixed drafts, many independent steps."""
+    qb = jnp.broadcast_to(q, (steps, *q.shape))
+    db = jnp.broadcast_to(drafts, (steps, drafts.shape[0]))
+    run = jax.jit(jax.vmap(lambda d, q, k: verify_chain(d, None, q, k)))
+    out = run(db, qb, jax.random.split(jax.random.PRNGKey(seed), steps))
+    return np.asarray(out.tokens), np.asarray(out.num_accepted)
+
+
+def test_deterministic_drafts_need_no_one_hot_rows(monkeypatch):
+    """draft_probs=None is the one-hot rule without the [N, V] rows: the same verdicts on the same
+    keys, every position distributed as q. Negative control: the rejected token left in the residual."""
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(_random_dist(rng, (3, V)))
+    drafts = jnp.array([int(np.argmax(q[0])), 5])
+    keys = jax.random.split(jax.random.PRNGKey(4), 64)
+    one_hot = verify_chain_batch(jnp.tile(drafts, (64, 1)), jnp.tile(jnp.eye(V)[drafts], (64, 1, 1)),
+                                 jnp.tile(q, (64, 1, 1)), keys)  # fmt: skip
+    none = verify_chain_batch(jnp.tile(drafts, (64, 1)), None, jnp.tile(q, (64, 1, 1)), keys)
+    np.testing.assert_array_equal(np.asarray(none.tokens), np.asarray(one_hot.tokens))
+    tokens, num_accepted = _run_deterministic(drafts, q, 30_000, seed=1)
+    assert abs(np.mean(num_accepted >= 1) - float(q[0, drafts[0]])) < 0.01
+    assert min(_position_p_values(tokens, num_accepted, np.asarray(q))) > LEVEL
+    monkeypatch.setattr("jspec.verify.residual_distribution", lambda q, p: q)
+    tokens, num_accepted = _run_deterministic(drafts, q, 30_000, seed=1)
+    assert min(_position_p_values(tokens, num_accepted, np.asarray(q))) < LEVEL
+
+
+def test_logits_verifiers_equal_the_probability_ones_and_trace_once():
+    rng = np.random.default_rng(3)
+    b, n = 16, 3
+    target_logits = jnp.asarray(rng.normal(size=(b, n + 1, V)) * 2, jnp.float32)
+    draft_logits = jnp.asarray(rng.normal(size=(b, n, V)) * 2, jnp.float32)
+    drafts = jnp.asarray(rng.integers(0, V, (b, n)), jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), b)
+    sampling = SamplingParams.create(temperature=0.7, top_k=8, top_p=0.9)
+    p, q = probs_from_logits(draft_logits, sampling), probs_from_logits(target_logits, sampling)
+    from_logits = verify_chain_batch_logits(drafts, draft_logits, target_logits, keys, sampling)
+    want = verify_chain_batch(drafts, p, q, keys)
+    np.testing.assert_array_equal(np.asarray(from_logits.tokens), np.asarray(want.tokens))
+    one = verify_chain_logits(drafts[0], draft_logits[0], target_logits[0], keys[0], sampling)
+    np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(want.tokens[0]))
+    deterministic = verify_chain_batch_logits(drafts, None, target_logits, keys, sampling)
+    np.testing.assert_array_equal(
+        np.asarray(deterministic.tokens), np.asarray(verify_chain_batch(drafts, None, q, keys).tokens)
+    )
+    import jspec.verify
+
+    compiled = jspec.verify._verify_chain_batch_logits._cache_size()
+    verify_chain_batch_logits(drafts, draft_logits, target_logits + 1.0, keys, SamplingParams.create(temperature=1.3))
+    assert jspec.verify._verify_chain_batch_logits._cache_size() == compiled  # new values, no new trace
+    with pytest.raises(ValueError, match="target_logits must be"):
+        verify_chain_batch_logits(drafts, draft_logits, target_logits[:, :n], keys)
 
 
 def test_emitted_tokens_layout_and_padding():

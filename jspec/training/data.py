@@ -180,7 +180,7 @@ def self_instruct_prompts(model, tokenizer, count: int, *, seed: int = 0, max_to
         raise ValueError("the tokenizer's chat template has no place for a user message; use the stdlib prompts.")
     prefix = tokenizer.encode(text.split(marker)[0])
     exclude = evaluation_ngrams() if exclude is None else exclude
-    decoder = Decoder(model, tokenizer.eos_token_ids)
+    decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)
     sampling = SamplingParams.create(temperature, top_p=top_p)
     eos = set(tokenizer.eos_token_ids)
     kept, seen = [], set()
@@ -247,7 +247,7 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
 
     c = model.config
     layers = (*feature_layers, c.num_layers - 1)
-    decoder = Decoder(model, tokenizer.eos_token_ids)
+    decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)
     sampling = SamplingParams.create(temperature)
     hidden, state = feature_forward(model, layers)
 

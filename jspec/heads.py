@@ -1,4 +1,4 @@
-"""EAGLE draft heads and their chain drafter.
+"""EAGLE draft heads: the modules, their configuration, saving and loading.
 
 A head is one decoder layer that drafts from the target's own hidden states
 ("features") instead of from text alone:
@@ -10,11 +10,13 @@ A head is one decoder layer that drafts from the target's own hidden states
   and an output layer over a *draft vocabulary* (the K most frequent target
   tokens of the training data) give the draft distribution. After the first
   draft step the head's own output hidden state is the next step's feature,
-  which is what training-time test (:mod:`jspec.train_eagle`) teaches it.
+  which is what training-time test (:mod:`jspec.training.loss`) teaches it.
 * **EAGLE-1**: the top layer's hidden state joined to the token embedding, a
   linear 2H -> H, a plain decoder layer that predicts the next top-layer
   feature, and the target's own final norm and output layer (frozen copies,
   restricted to the draft vocabulary).
+
+The drafter that runs a head is :class:`jspec.drafters.EagleDrafter`.
 
 Pairs: the head's input at sequence position t + 1 is (feature of token t,
 token t + 1); its output predicts token t + 2. The head keeps its own KV cache
@@ -34,17 +36,13 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from jspec.cache import KVCache
-from jspec.drafters import Context, Proposal, TreeProposal
-from jspec.models.llama import apply_rope, attention, linear, rms_norm
-from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import StaticTree, grow_dynamic_tree, grow_static_tree, tree_attention_mask
+from jspec.models.llama import decoder_layer, linear, rms_norm
 
 __all__ = [
-    "KINDS", "DraftHead", "DynamicTreeSpec", "EagleDrafter", "Frozen", "HeadConfig",
-    "draft_vocabulary", "load_head", "save_head", "target_to_draft", "ttt_mask",
+    "KINDS", "DraftHead", "Frozen", "HeadConfig", "draft_vocabulary", "load_head", "save_head", "target_to_draft",
 ]  # fmt: skip
 
 KINDS = ("eagle3", "eagle1")
@@ -163,30 +161,29 @@ class DraftHead(nnx.Module):
         c = self.config
         b, t = tokens.shape
         emb = jnp.take(self.embed[...], tokens, axis=0)
-        if c.kind == "eagle3":
-            residual = feature
+        p = {name: getattr(self, name)[...] for name in ("wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")}
+        if c.kind == "eagle3":  # the residual stream is the feature; attention reads [embedding, feature]
+            x = feature
             norm_e = rms_norm(emb, self.emb_norm[...], c.rms_eps)
             norm_f = rms_norm(feature, self.feat_norm[...], c.rms_eps)
-            u = jnp.concatenate([norm_e, norm_f], axis=-1)
-        else:
-            residual = linear(jnp.concatenate([emb, feature], axis=-1), self.fc[...])
-            u = rms_norm(residual, self.attn_norm[...], c.rms_eps)
-        qkv = linear(u, self.wqkv[...])
-        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = apply_rope(qkv[..., :qd].reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
-        k = apply_rope(qkv[..., qd : qd + kvd].reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
-        v = qkv[..., qd + kvd :].reshape(b, t, c.num_kv_heads, c.head_dim)
+            attn_input = jnp.concatenate([norm_e, norm_f], axis=-1)
+        else:  # EAGLE-1: a plain layer over the fused [embedding, feature]
+            x = linear(jnp.concatenate([emb, feature], axis=-1), self.fc[...])
+            p["attn_norm"], attn_input = self.attn_norm[...], None
         if mask is None:
             mask = cache.causal_mask(t)
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
         slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
-        k_all = cache.k[0].at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
-        v_all = cache.v[0].at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
-        x = residual + linear(attention(q, k_all, v_all, mask), self.wo[...])
-        gate, up = jnp.split(linear(rms_norm(x, self.mlp_norm[...], c.rms_eps), self.w_gate_up[...]), 2, axis=-1)
-        x = x + linear(jax.nn.silu(gate) * up, self.w_down[...])
+        written = {}
+
+        def write(k, v):
+            written["k"] = cache.k[0].at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
+            written["v"] = cache.v[0].at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+            return written["k"], written["v"]
+
+        x = decoder_layer(c, p, x, write, positions, mask, attn_input)
         num_new = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
-        return x, KVCache(k_all[None], v_all[None], cache.lengths).advance(num_new)
+        return x, KVCache(written["k"][None], written["v"][None], cache.lengths).advance(num_new)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Draft-vocabulary logits float32[..., K]."""
@@ -259,203 +256,6 @@ def target_to_draft(d2t, vocab_size: int) -> jax.Array:
     """int32[V]: each target id's draft id, or -1 when the draft vocabulary leaves it out."""
     d2t = jnp.asarray(d2t, jnp.int32)
     return jnp.full((vocab_size,), -1, jnp.int32).at[d2t].set(jnp.arange(d2t.shape[0], dtype=jnp.int32))
-
-
-def ttt_mask(length: int, step: int, num_steps: int | None = None, start=0, window: int | None = None) -> jax.Array:
-    """bool[Q, S]: what training-time-test step ``step`` may attend to.
-
-    Keys are laid out step by step: step 0's pairs first (row s at slot s, T slots), then
-    each later step j's ``window`` rows (window index i at slot T + (j - 1) * W + i).
-    Step 0's queries are the T rows; a later step's are the W rows ``start`` ..
-    ``start + W - 1``. A query at row t sees the context (step 0, rows s <= t) and its own
-    earlier steps (steps 1..k at its window index), nothing else. Without a window, W = T
-    and start = 0. S = T + (num_steps - 1) * W; ``start`` may be traced.
-    """
-    num_steps = step + 1 if num_steps is None else num_steps
-    w = length if window is None else window
-    queries = length if step == 0 else w
-    rows = jnp.arange(queries)[:, None] + (0 if step == 0 else start)
-    slot = jnp.arange(length + (num_steps - 1) * w)[None, :]
-    later = slot - length  # (j - 1) * W + i for the slots of steps j >= 1
-    own = (later >= 0) & (later // w < step) & (later % w == jnp.arange(queries)[:, None])
-    return ((slot < length) & (slot <= rows)) | own
-
-
-@struct.dataclass
-class _EagleState:
-    cache: KVCache  # the head's one-layer cache: one pair per committed target token
-    logits: jax.Array  # float32[B, K]: the draft distribution's logits for the token after the pending one
-    hidden: jax.Array  # [B, H]: the head's output at the last committed pair
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicTreeSpec:
-    """EAGLE-2's knobs (see :func:`jspec.tree.grow_dynamic_tree`): children per expanded node and
-    nodes expanded per depth (``top_k``), ``depth``, and nodes kept (``total``, the root included)."""
-
-    top_k: int = 8
-    depth: int = 6
-    total: int = 48
-
-    def __post_init__(self):
-        most = 1 + self.top_k + (self.depth - 1) * self.top_k**2
-        if self.top_k < 1 or self.depth < 1 or not 2 <= self.total <= most:
-            raise ValueError(
-                f"a dynamic tree needs top_k >= 1, depth >= 1 and 2 <= total <= 1 + top_k + (depth - 1) * top_k**2 "
-                f"= {most}; got top_k={self.top_k}, depth={self.depth}, total={self.total}."
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class EagleDrafter:
-    """A drafter over an EAGLE head, no target forward while drafting.
-
-    A chain (``tree=None``): N draft tokens, a ``lax.scan`` over the head. A
-    dynamic tree (EAGLE-2): the head expands the best ``top_k`` nodes of each
-    depth, attending to its cache and each node's own ancestors, and the best
-    ``total`` nodes are verified together (:class:`jspec.drafters.TreeProposal`;
-    the children are chosen deterministically, so their rows are one-hot).
-
-    ``weights`` (passed through by the engine) is the head's NNX state, target copies included.
-    """
-
-    graphdef: nnx.GraphDef
-    num_draft: int
-    vocab_size: int
-    hidden_layers: tuple[int, ...]
-    tree: DynamicTreeSpec | StaticTree | None = None
-
-    @property
-    def num_nodes(self) -> int | None:
-        if self.tree is None:
-            return None
-        return self.tree.size if isinstance(self.tree, StaticTree) else self.tree.total
-
-    @classmethod
-    def from_head(cls, head: DraftHead, num_draft: int, target_vocab_size: int,
-                  tree: DynamicTreeSpec | StaticTree | None = None):  # fmt: skip
-        """(drafter, weights); with ``tree`` the depth is the tree's and ``num_draft`` is ignored.
-
-        Raises ValueError when the head was built for another vocabulary.
-        """
-        if head.config.vocab_size != target_vocab_size:
-            raise ValueError(
-                f"the head was built for a vocabulary of {head.config.vocab_size}, the target has "
-                f"{target_vocab_size}; train or load a head for this target."
-            )
-        if isinstance(tree, StaticTree):
-            _branching(tree)
-            num_draft = tree.max_depth
-        elif tree is not None:
-            num_draft = tree.depth
-        if num_draft < 1:
-            raise ValueError(f"num_draft must be >= 1; got {num_draft}.")
-        graphdef, weights = nnx.split(head)
-        return cls(graphdef, num_draft, target_vocab_size, head.config.feature_layers, tree), weights
-
-    def _pairs(self, head, state_cache, ctx: Context, start, hidden, num_new):
-        """Feeds the pairs (feature of token start + j, token start + 1 + j) and reads the output at num_new - 1."""
-        t = hidden[0].shape[1]
-        cols = start[:, None] + 1 + jnp.arange(t)[None, :]
-        tokens = jnp.take_along_axis(ctx.history, jnp.clip(cols, 0, ctx.history.shape[1] - 1), axis=1)
-        h, cache = head(tokens, head.fuse(hidden), cols, state_cache.rollback(start), num_new=num_new)
-        last = jnp.take_along_axis(h, (num_new - 1)[:, None, None], axis=1)[:, 0]
-        return _EagleState(cache, head.logits(last), last)
-
-    def init(self, weights, prompts, ctx: Context, capacity, sampling, hidden):
-        head = nnx.merge(self.graphdef, weights)
-        b = prompts.shape[0]
-        # Prompt pairs: the feature of token t with token t + 1 (the last one is the pending token).
-        start = jnp.zeros((b,), jnp.int32)
-        extra = _frontier_slots(self.tree)
-        return self._pairs(head, head.init_cache(b, capacity + extra), ctx, start, hidden, ctx.cache_length)
-
-    def propose(self, weights, state: _EagleState, ctx: Context, key, sampling: SamplingParams):
-        head = nnx.merge(self.graphdef, weights)
-        if self.tree is not None:
-            return self._propose_tree(head, state, ctx), state
-        d2t = head.d2t[...]
-        probs0 = probs_from_logits(state.logits, sampling)
-        tok0 = sample(jax.random.fold_in(key, 0), probs0)
-
-        def step(carry, i):
-            cache, tok, feature = carry
-            position = ctx.cache_length + i  # draft i (1-based) sits i tokens after the pending one
-            h, cache = head(d2t[tok][:, None], feature[:, None], position[:, None], cache)
-            p = probs_from_logits(head.logits(h[:, 0]), sampling)
-            nxt = sample(jax.random.fold_in(key, i), p)
-            return (cache, nxt, h[:, 0]), (nxt, p)
-
-        _, (toks, probs) = jax.lax.scan(step, (state.cache, tok0, state.hidden), jnp.arange(1, self.num_draft))
-        draft = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)
-        probs = jnp.concatenate([probs0[:, None], jnp.moveaxis(probs, 0, 1)], axis=1)  # [B, N, K]
-        b, n, _ = probs.shape
-        full = jnp.zeros((b, n, self.vocab_size), probs.dtype).at[:, :, d2t].set(probs)
-        return Proposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool)), state
-
-    def _propose_tree(self, head, state: _EagleState, ctx: Context) -> TreeProposal:
-        """A dynamic (EAGLE-2) or static tree. Node scores are the head's log-probabilities at
-        temperature 1: the children are deterministic, so exactness does not depend on them."""
-        tree_spec, d2t = self.tree, head.d2t[...]
-        if isinstance(tree_spec, StaticTree):
-            branching = _branching(tree_spec)
-            sizes = list(tree_spec.fed_per_depth)
-        else:
-            sizes = [tree_spec.top_k] * (tree_spec.depth - 1)
-        width = sum(sizes)  # head cache slots for the fed frontiers, one block per depth
-        b = ctx.history.shape[0]
-        base = state.cache.lengths
-        capacity = state.cache.capacity
-
-        def expand(carry, tokens, parent_slot, d):
-            cache, ancestors, h_prev = carry
-            f, offset = tokens.shape[1], sum(sizes[: d - 1])
-            feature = jnp.take_along_axis(h_prev, parent_slot[:, :, None], axis=1)
-            own = jax.nn.one_hot(offset + jnp.arange(f), width, dtype=bool)  # [F, W]
-            ancestors = jnp.take_along_axis(ancestors, parent_slot[:, :, None], axis=1) | own[None]
-            mask = tree_attention_mask(base, ancestors, capacity)  # committed pairs + own ancestors
-            positions = jnp.broadcast_to((ctx.cache_length + d)[:, None], (b, f))
-            h, cache = head(d2t[tokens], feature, positions, cache, mask)
-            return jax.nn.log_softmax(head.logits(h), axis=-1), (cache, ancestors, h)
-
-        carry = (state.cache, jnp.zeros((b, 1, width), bool), state.hidden[:, None])
-        root_logp = jax.nn.log_softmax(state.logits, axis=-1)
-        root = jnp.zeros((b,), jnp.int32)
-        if isinstance(tree_spec, StaticTree):
-            tree, _ = grow_static_tree(expand, carry, root, root_logp, branching)
-        else:
-            tree, _ = grow_dynamic_tree(expand, carry, root, root_logp, top_k=tree_spec.top_k,
-                                        depth=tree_spec.depth, total=tree_spec.total)  # fmt: skip
-        t = tree.tokens.shape[1]
-        tokens = jnp.where(jnp.arange(t)[None, :] == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
-        used = jnp.ones((b, t), bool)  # probs None: every child is deterministic (one-hot)
-        return TreeProposal(tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
-
-    def commit(self, weights, state: _EagleState, ctx: Context, num_accepted, hidden):
-        """The target's features of the pending token and the accepted drafts become committed pairs.
-
-        ``hidden`` covers the forward the engine just ran from the old pending token on (N + 1
-        tokens, or 1 for a plain step); ``num_accepted + 1`` of them are now committed.
-        """
-        head = nnx.merge(self.graphdef, weights)
-        n_new = num_accepted + 1
-        start = jnp.maximum(ctx.cache_length - n_new, 0)  # the old pending token's position
-        return self._pairs(head, state.cache, ctx, start, hidden, n_new)
-
-
-def _branching(tree: StaticTree) -> list[int]:
-    if tree.branching is None:
-        raise ValueError("an EAGLE head drafts static trees made by StaticTree.from_branching (e.g. [2, 2, 2]).")
-    return list(tree.branching)
-
-
-def _frontier_slots(tree) -> int:
-    """Head cache slots a tree's drafting needs beyond the committed pairs."""
-    if tree is None:
-        return 0
-    if isinstance(tree, StaticTree):
-        return sum(tree.fed_per_depth)
-    return (tree.depth - 1) * tree.top_k
 
 
 # ---------------------------------------------------------------------- saving and loading

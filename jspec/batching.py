@@ -1,0 +1,195 @@
+"""Requests made ready for a compiled loop: validation, length buckets, padding, budgets, placement.
+
+Both loops (plain and speculative) take their inputs from :func:`batch_inputs`
+and their static facts from one :class:`LoopConfig`. Prompt length and the step
+budget are rounded up to buckets, so one compilation serves every request in a
+bucket; per-row lengths, budgets, temperatures and keys are arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jspec.sampling import SamplingParams
+from jspec.sharding import padded_rows, replicate, shard_rows
+
+__all__ = [
+    "Batch",
+    "LoopConfig",
+    "batch_inputs",
+    "bucket",
+    "cache_slots",
+    "compile_once",
+    "pad_prompts",
+    "validate_prompts",
+]
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """The smallest power of two >= max(n, minimum): a static length that serves many requests."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Static facts of one compiled generation loop (hashable: a jit static argument).
+
+    Attributes:
+      prompt_len: padded prompt length P.
+      max_new: step budget M (per-row budgets are arrays <= M).
+      eos_ids: token ids that end a row.
+      cache_len: KV cache slots for prompts and budget; default P + M. Every step attends
+        over all of them, so a tighter cache is a faster step (:func:`cache_slots`).
+    """
+
+    prompt_len: int
+    max_new: int
+    eos_ids: tuple[int, ...] = ()
+    cache_len: int | None = None
+
+    def capacity(self, width: int = 0) -> int:
+        """Cache slots: the prompts, their budget and one forward of ``width`` tokens past them."""
+        return (self.cache_len or self.prompt_len + self.max_new) + width
+
+
+def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_tokens: int) -> int:
+    """The KV cache a plain decode needs: every row's prompt and budget, bucketed (so that it
+    still serves many requests), never more than the two buckets P + M, never less than P.
+
+    Each step attends over every slot, and the buckets of prompt and budget can both be near
+    twice what a request needs: a batch of 32 decoding SmolLM2 on CPU-2 took 378 ms per step
+    with 512 slots and 233 ms with 256 (``experiments/batch_decode_cost.py``).
+    """
+    return min(prompt_len + max_new, max(prompt_len, bucket(longest_prompt + max_new_tokens)))
+
+
+def pad_prompts(prompts, prompt_len: int) -> tuple[jax.Array, jax.Array]:
+    """Right-pads token lists to [B, prompt_len]; returns (tokens int32[B, P], lengths int32[B])."""
+    padded = np.zeros((len(prompts), prompt_len), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = p
+    return jnp.asarray(padded), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+def compile_once(cache: dict, key, jitted, args) -> tuple[object, float]:
+    """The compiled executable for ``key`` (compiling ahead of time on first use) and the seconds it took.
+
+    Compiling before the run keeps compilation out of the timed loop.
+    """
+    t0 = time.perf_counter()
+    if key not in cache:
+        cache[key] = jitted.lower(*args).compile()
+    return cache[key], time.perf_counter() - t0
+
+
+def _is_token_list(prompt) -> bool:
+    return isinstance(prompt, Sequence | np.ndarray) and not isinstance(prompt, str | bytes)
+
+
+def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None) -> None:
+    """Raises ValueError, before anything is compiled, for requests that cannot run.
+
+    ``prompts`` is a batch: a list of token-id lists, one per row.
+    """
+    if isinstance(prompts, str | bytes):
+        raise ValueError(
+            "prompts must be a list of token-id lists; got a string. Tokenize it first "
+            "(tokenizer.encode) or use jspec.Speculator, which takes text."
+        )
+    if not _is_token_list(prompts):
+        raise ValueError(f"prompts must be a list of token-id lists; got {type(prompts).__name__}.")
+    if len(prompts) == 0:
+        raise ValueError("no prompts given.")
+    if all(isinstance(p, int | np.integer) for p in prompts):
+        raise ValueError("prompts is a flat list of token ids; a batch is a list of such lists: pass [ids].")
+    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a whole number >= 1; got {max_new_tokens!r}.")
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str | bytes):
+            raise ValueError(f"prompt {i} is a string; tokenize it first, or use jspec.Speculator, which takes text.")
+        if not _is_token_list(prompt):
+            raise ValueError(f"prompt {i} must be a list of integer token ids; got {type(prompt).__name__}.")
+        bad = next((t for t in prompt if not isinstance(t, int | np.integer)), None)
+        if bad is not None:
+            raise ValueError(f"prompt {i} must be a list of integer token ids; it holds {bad!r} "
+                             f"({type(bad).__name__}). Tokenize text first.")  # fmt: skip
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; give at least one token.")
+        if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}).")
+        need = len(prompt) + max_new_tokens
+        if max_position is not None and need > max_position:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens {max_new_tokens} that needs "
+                f"{need} cache slots but the model's context holds {max_position}. Shorten the "
+                "prompt or lower max_new_tokens."
+            )
+
+
+class Batch(NamedTuple):
+    """A request made ready for a compiled loop: arrays, then the static sizes that pick the program."""
+
+    padded: jax.Array  # int32[B, P], right-padded prompts
+    lengths: jax.Array  # int32[B]
+    budget: jax.Array  # int32[B], max_new_tokens per row
+    prompt_len: int  # P, the prompt bucket
+    max_new: int  # M, the new-token bucket
+    cache_len: int  # KV slots for prompts and budget (:func:`cache_slots`); loops add what they verify
+    sampling: SamplingParams  # scalars, or per row padded like the prompts
+    key: jax.Array  # the request's PRNG key
+
+    @property
+    def rows(self) -> int:
+        """Rows in the arrays: the prompts and any filler rows for an even split over a mesh."""
+        return self.padded.shape[0]
+
+    def config(self, eos_ids: tuple[int, ...]) -> LoopConfig:
+        return LoopConfig(self.prompt_len, self.max_new, tuple(eos_ids), self.cache_len)
+
+    def arrays(self) -> tuple:
+        """What a compiled loop takes besides the weights: prompts, lengths, budgets, sampling, key."""
+        return self.padded, self.lengths, self.budget, self.sampling, self.key
+
+
+def batch_inputs(
+    prompts,
+    max_new_tokens: int,
+    vocab_size: int | None,
+    max_position: int | None,
+    mesh: Mesh | None = None,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+) -> Batch:
+    """A request made ready for a compiled loop, after :func:`validate_prompts` (both loops use it).
+
+    With a ``mesh`` the rows are padded to a multiple of its devices with filler rows (the
+    first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
+    over it (:mod:`jspec.sharding`), per-row sampling parameters with them; the key is
+    replicated. ``sampling`` defaults to greedy.
+    """
+    validate_prompts(prompts, max_new_tokens, vocab_size, max_position)
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise ValueError(
+            f"sampling must be a SamplingParams (SamplingParams.create(...)); got {type(sampling).__name__}."
+        )
+    prompts = [[int(t) for t in p] for p in prompts]
+    prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
+    rows = padded_rows(mesh, len(prompts))
+    padded, lengths = pad_prompts(prompts + [prompts[0]] * (rows - len(prompts)), prompt_len)
+    budget = jnp.where(jnp.arange(rows) < len(prompts), max_new_tokens, 1).astype(jnp.int32)
+    slots = cache_slots(prompt_len, new_len, max(len(p) for p in prompts), max_new_tokens)
+    padded, lengths, budget = shard_rows(mesh, (padded, lengths, budget), rows, rows)
+    sampling = shard_rows(mesh, sampling or SamplingParams.greedy(), len(prompts), rows)
+    key = replicate(mesh, jax.random.PRNGKey(seed))
+    return Batch(padded, lengths, budget, prompt_len, new_len, slots, sampling, key)

@@ -1,0 +1,34 @@
+"""Drafters behind one protocol (:mod:`jspec.drafters.base`), one per file, and the factory.
+
+==================  ==========================================================
+``PromptLookup``    prompt lookup (n-gram): the text's own earlier continuations
+``DraftModel``      a separate small model with the target's tokenizer
+``EagleDrafter``    an EAGLE-1 or EAGLE-3 head on the target's hidden states
+==================  ==========================================================
+
+:func:`make_drafter` builds any of them from a method name with the shared defaults.
+"""
+
+from jspec.drafters.base import ChainProposal, Context, Drafter, Feedback, Lookahead, TreeProposal, check_drafter
+from jspec.drafters.draft_model import DraftModel
+from jspec.drafters.eagle import EagleDrafter
+from jspec.drafters.factory import DEFAULTS, METHODS, check_options, make_drafter, parse_tree
+from jspec.drafters.prompt_lookup import PromptLookup
+
+__all__ = [
+    "DEFAULTS",
+    "METHODS",
+    "ChainProposal",
+    "Context",
+    "DraftModel",
+    "Drafter",
+    "EagleDrafter",
+    "Feedback",
+    "Lookahead",
+    "PromptLookup",
+    "TreeProposal",
+    "check_drafter",
+    "check_options",
+    "make_drafter",
+    "parse_tree",
+]

@@ -1,0 +1,231 @@
+"""The drafter protocol: what the engine asks of every drafter, and what it tells one.
+
+The engine imports only this module: it never knows which drafter it runs.
+
+A drafter is a pytree (a ``flax.struct.dataclass``): its arrays (a draft model's
+or a head's weights) are leaves that the engine passes into its jitted loop as
+arguments, and its static facts (N, a tree's shape, a model's graph) are fields
+marked ``pytree_node=False``, hashed into the compiled program's key. A drafter
+with no arrays (prompt lookup) is all static. Its per-request arrays (a KV
+cache, the last logits) travel in a ``state`` pytree that the engine threads
+through the loop without looking inside.
+
+Each step:
+
+1. ``propose(state, ctx, key, sampling) -> (proposal, state)``: a
+   :class:`ChainProposal` of N drafts per row, or a :class:`TreeProposal` of
+   ``num_nodes`` nodes. Either may carry :class:`Lookahead` tokens: tokens fed
+   to the target in the same forward, beside the drafts, that are *not*
+   verified, each seeing what the drafter's mask says (Lookahead decoding's
+   Jacobi window).
+2. The engine scores the pending token, the drafts and the lookahead tokens in
+   one target forward and accepts a prefix (chain) or path (tree) per row.
+3. ``commit(state, ctx, feedback) -> state``: ``ctx`` now holds the accepted
+   drafts and the new pending token; :class:`Feedback` says how many drafts
+   each row kept, and carries the target's hidden states at the drafter's
+   ``hidden_layers`` and its logits at the lookahead tokens.
+
+When no live row has a draft (``has_draft`` all False; prompt lookup found
+nothing), the step is a plain one-token step and ``commit`` sees
+``num_accepted`` 0 and the hidden states of that one token. A drafter that
+feeds lookahead tokens is verified every step, so that its window always gets
+the target's logits.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec.sampling import SamplingParams
+
+__all__ = [
+    "DEFAULT_NUM_DRAFT", "ChainProposal", "Context", "Drafter", "Feedback", "Lookahead", "TreeProposal",
+    "check_drafter", "draft_depth",
+]  # fmt: skip
+
+DEFAULT_NUM_DRAFT = 4  # N for a chain when none is given
+
+
+@struct.dataclass
+class Context:
+    """What the engine tells a drafter each step.
+
+    Attributes:
+      history: int32[B, C], prompt then generated tokens; slots >= length unused.
+      length: int32[B], valid tokens in ``history``; the last one is the pending
+        token (sampled, not yet fed to any model).
+      cache_length: int32[B], tokens the target has in its KV cache
+        (``length - 1``).
+    """
+
+    history: jax.Array
+    length: jax.Array
+    cache_length: jax.Array
+
+    @property
+    def last(self) -> jax.Array:
+        """int32[B]: the pending token."""
+        return jnp.take_along_axis(self.history, (self.length - 1)[:, None], axis=1)[:, 0]
+
+
+@struct.dataclass
+class Lookahead:
+    """Tokens fed to the target beside the drafts and never verified.
+
+    The step's new tokens are the verified block (W = N + 1 for a chain: the pending
+    token and the drafts; W = T for a tree) followed by these E tokens.
+
+    Attributes:
+      tokens: int32[B, E].
+      offsets: int32[B, E], each token's text position relative to the pending token's
+        (the pending token is at offset 0, draft i of a chain at offset i).
+      mask: bool[B, E, W + E], which of the step's new tokens each lookahead token sees
+        (the committed cache is always seen). The verified block never sees these tokens.
+    """
+
+    tokens: jax.Array
+    offsets: jax.Array
+    mask: jax.Array
+
+
+@struct.dataclass
+class ChainProposal:
+    """N drafts per row, each after the one before.
+
+    Attributes:
+      tokens: int32[B, N], the drafts.
+      probs: float32[B, N, V], the distributions they were drawn from, or None when
+        every draft was chosen deterministically (a lookup, a greedy pick: one-hot
+        distributions, verified without V-sized work per draft).
+      has_draft: bool[B], whether the row has anything worth verifying; when no
+        live row has, the engine takes a plain one-token step instead.
+      lookahead: tokens to score but not verify, or None.
+    """
+
+    tokens: jax.Array
+    probs: jax.Array | None
+    has_draft: jax.Array
+    lookahead: Lookahead | None = None
+
+
+@struct.dataclass
+class TreeProposal:
+    """A draft tree per row (see :mod:`jspec.tree`); node 0 is the pending token.
+
+    Attributes:
+      tokens: int32[B, T].
+      parents: int32[B, T], parents before children, the root's parent 0.
+      depths: int32[B, T].
+      used: bool[B, T], nodes to verify (the root's flag is ignored).
+      probs: float32[B, T, V], per node the distribution it was drawn from
+        (the root's row is ignored), or None when every child was chosen
+        deterministically (one-hot rows, verified without V-sized work per node).
+      has_draft: bool[B].
+      lookahead: tokens to score but not verify, or None.
+    """
+
+    tokens: jax.Array
+    parents: jax.Array
+    depths: jax.Array
+    used: jax.Array
+    probs: jax.Array | None
+    has_draft: jax.Array
+    lookahead: Lookahead | None = None
+
+
+@struct.dataclass
+class Feedback:
+    """What the target decided, for :meth:`Drafter.commit`.
+
+    Attributes:
+      num_accepted: int32[B], drafts each row kept (0 for finished rows and plain steps).
+      hidden: tuple of [B, K, H], the target's hidden states at the drafter's
+        ``hidden_layers`` over the verified tokens from the old pending token on
+        (K = N + 1 for a chain; a tree's accepted path gathered into a chain; K = 1
+        for a plain step).
+      lookahead_logits: float32[B, E, V], the target's logits at the lookahead tokens,
+        or None when the proposal had none.
+    """
+
+    num_accepted: jax.Array
+    hidden: tuple
+    lookahead_logits: jax.Array | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The interface of every drafter (see the module docstring).
+
+    Attributes:
+      num_draft: N, the most drafts one step can accept (a tree's depth).
+      num_nodes: a tree's node budget T, root included; None for a chain.
+      num_lookahead: E, lookahead tokens per step (0 for all but Lookahead decoding).
+      hidden_layers: the target layers whose hidden states the drafter reads
+        (``()`` for most; EAGLE heads name their feature layers).
+    """
+
+    num_draft: int
+    num_nodes: int | None
+    num_lookahead: int
+    hidden_layers: tuple[int, ...]
+
+    def init(self, prompts: jax.Array, ctx: Context, capacity: int, sampling: SamplingParams, hidden: tuple):
+        """Prefill: returns the drafter's state.
+
+        Args:
+          prompts: int32[B, P], right-padded; ``ctx.cache_length`` holds the lengths.
+          ctx: the context after the target's first sample (the pending token).
+          capacity: the target's cache slots; a drafter with its own cache sizes it so.
+          sampling: the request's sampling parameters.
+          hidden: the target's hidden states over the prompt [B, P, H] at ``hidden_layers``.
+        """
+        ...
+
+    def propose(self, state, ctx: Context, key: jax.Array, sampling: SamplingParams):
+        """Returns (:class:`ChainProposal` or :class:`TreeProposal`, state)."""
+        ...
+
+    def commit(self, state, ctx: Context, feedback: Feedback):
+        """Keeps what the target accepted, forgets the rest; returns the state."""
+        ...
+
+
+def draft_depth(num_draft: int | None, tree) -> int:
+    """N: ``num_draft`` for a chain (default :data:`DEFAULT_NUM_DRAFT`), a tree's own depth for a tree.
+
+    Raises ValueError for N < 1, and for a ``num_draft`` that differs from the tree's depth
+    (it would be ignored).
+    """
+    if tree is None:
+        n = DEFAULT_NUM_DRAFT if num_draft is None else num_draft
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_draft must be a whole number >= 1; got {n!r}.")
+        return n
+    if num_draft is not None and num_draft != tree.max_depth:
+        raise ValueError(
+            f"num_draft={num_draft} conflicts with the tree, whose depth ({tree.max_depth}) is the most drafts a "
+            "step can accept; leave num_draft out with a tree."
+        )
+    return tree.max_depth
+
+
+def check_drafter(drafter) -> None:
+    """Raises ValueError, before anything is compiled, when ``drafter`` is no drafter."""
+    if not isinstance(drafter, Drafter):
+        missing = [n for n in ("num_draft", "num_nodes", "num_lookahead", "hidden_layers", "init", "propose", "commit")
+                   if not hasattr(drafter, n)]  # fmt: skip
+        raise ValueError(
+            f"drafter must follow the jspec.drafters.Drafter protocol (missing {', '.join(missing)}); got "
+            f"{type(drafter).__name__}. Build one with jspec.make_drafter(method, target, ...) or a class of "
+            "jspec.drafters."
+        )
+    if int(drafter.num_draft) < 1:
+        raise ValueError(f"a drafter's num_draft must be >= 1; got {drafter.num_draft}.")
+    if drafter.num_nodes is not None and int(drafter.num_nodes) < 2:
+        raise ValueError(f"a tree drafter's num_nodes must be >= 2 (the root and a draft); got {drafter.num_nodes}.")
+    if int(drafter.num_lookahead) < 0:
+        raise ValueError(f"num_lookahead must be >= 0; got {drafter.num_lookahead}.")

@@ -1,0 +1,185 @@
+"""The whole recipe of a trained head: data made once by the target, the draft vocabulary, the head,
+training with checkpoints, the saved head."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import numpy as np
+from flax import nnx
+
+from jspec.heads import DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
+from jspec.training.data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
+from jspec.training.trainer import TrainConfig, Trainer
+
+__all__ = ["PROMPT_SOURCES", "Recipe", "load_extra_data", "prepare_data", "train_head"]
+
+
+PROMPT_SOURCES = {
+    "stdlib": "Python standard library docstrings and sources (jspec.training.data.stdlib_prompts)",
+    "self": "written by the target from its chat template (jspec.training.data.self_instruct_prompts, Magpie)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything that decides a trained head besides the target: data, head and training options."""
+
+    kind: str = "eagle3"
+    prompt_source: str = "stdlib"  # "stdlib" (standard-library docs) or "self" (written by the target)
+    num_prompts: int = 2000
+    seq_len: int = 256
+    max_new_tokens: int = 192
+    gen_batch: int = 16
+    gen_temperature: float = 0.0
+    draft_vocab: int = 8192
+    feature_layers: tuple[int, ...] | None = None
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    init_from: str | None = None  # a saved head to start from (its draft vocabulary is kept)
+    warm_start: bool = False  # a new head starts from the target's weights (DraftHead.warm_start)
+
+    def __post_init__(self):
+        if self.prompt_source not in PROMPT_SOURCES:
+            raise ValueError(f"unknown prompt source {self.prompt_source!r}; choose from {', '.join(PROMPT_SOURCES)}.")
+        if self.init_from and self.warm_start:
+            raise ValueError("a recipe starts from a saved head (init_from) or from the target (warm_start), not both.")
+
+    @classmethod
+    def tiny(cls, kind: str = "eagle3") -> Recipe:
+        """Small enough for tests and notebooks (8 prompts, 12 steps); the head it makes is not useful."""
+        train = TrainConfig(num_steps=2 if kind == "eagle3" else 1, batch_size=4, total_steps=12, warmup_steps=2,
+                            checkpoint_every=4, learning_rate=1e-3)  # fmt: skip
+        return cls(kind, num_prompts=8, seq_len=128, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
+
+
+def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_name: str, bars=None) -> dict:
+    """The training set in ``folder``: loaded when a complete one made by the same recipe is there, else made.
+
+    ``bars``: a factory ``(description, total) -> progress callback or None``, called when each stage starts.
+    """
+    layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
+    want = {"model": model_name, "prompt_source": recipe.prompt_source, "feature_layers": list(layers),
+            "num_prompts": recipe.num_prompts, "seq_len": recipe.seq_len, "max_new_tokens": recipe.max_new_tokens,
+            "gen_temperature": recipe.gen_temperature}  # fmt: skip
+    if recipe.prompt_source == "self":  # the seed picks which prompts the target writes
+        want["prompt_seed"] = recipe.train.seed
+    defaults = {"prompt_source": "stdlib", "prompt_seed": 0}  # data sets written before these were recorded
+    folder = pathlib.Path(folder)
+    if (folder / "meta.json").exists():
+        data, meta = load_shards(folder)
+        if {k: meta.get(k, defaults.get(k)) for k in want} == want:
+            return data
+        raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another data folder.")
+    t0 = time.perf_counter()
+    if recipe.prompt_source == "self":  # short user turns (<= 64 tokens): every one leaves room for a response
+        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed,
+                                        progress=bars and bars("writing prompts", recipe.num_prompts))  # fmt: skip
+    else:
+        prompts = stdlib_prompts()
+    data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
+                             max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
+                             temperature=recipe.gen_temperature, limit=recipe.num_prompts,
+                             progress=bars and bars("generating responses", recipe.num_prompts))  # fmt: skip
+    meta = want | {"prompts": PROMPT_SOURCES[recipe.prompt_source], "seconds": time.perf_counter() - t0}
+    write_shards(data, folder, meta)
+    return data
+
+
+def load_extra_data(folders, data: dict, meta_keys: dict) -> tuple[dict, list[dict]]:
+    """``data`` joined with the prepared data sets in ``folders`` (made by earlier runs for the same
+    model, feature layers and sequence length; refused otherwise). Returns (data, their metas)."""
+    parts, metas = [data], []
+    for folder in folders:
+        extra, meta = load_shards(pathlib.Path(folder))
+        wrong = {k: meta.get(k) for k, v in meta_keys.items() if meta.get(k) != v}
+        if wrong:
+            raise ValueError(
+                f"extra data set {folder} was made for {wrong}, not {meta_keys}; it cannot join this data."
+            )
+        parts.append(extra)
+        metas.append({k: v for k, v in meta.items() if k != "shards"} | {"folder": str(folder)})
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in ("tokens", "mask", "features", "top")}
+    joined["counts"] = sum(p["counts"] for p in parts)
+    return joined, metas
+
+
+def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, data_dir=None, extra_data=(),
+               progress: bool = True, until: int | None = None) -> tuple[DraftHead, dict]:  # fmt: skip
+    """Data (made once), draft vocabulary, head, training with checkpoints (resumed when present), saved head.
+
+    Args:
+      extra_data: folders of data sets prepared by earlier runs, trained on beside ``data_dir``'s.
+
+    Returns the head and a report: data size, per-step loss and accuracy at the end, seconds.
+    """
+    out_dir = pathlib.Path(out_dir)
+    data_dir = pathlib.Path(data_dir) if data_dir else out_dir / "data"
+    bar = _progress_bar(progress)
+    t0 = time.perf_counter()
+    data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
+    data_seconds = time.perf_counter() - t0
+    config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
+    same = {"model": model_name, "feature_layers": list(config.feature_layers), "seq_len": recipe.seq_len}
+    data, extra_metas = load_extra_data(extra_data, data, same)
+    if recipe.init_from:  # fine-tuning keeps the starting head's draft vocabulary
+        head = load_head(recipe.init_from, target)
+        if head.config != config:
+            raise ValueError(f"the head to start from, {recipe.init_from}, was made as {head.config}, not {config}; "
+                             "match the kind, draft vocabulary and feature layers to it.")  # fmt: skip
+        d2t = np.asarray(head.d2t[...])
+    else:
+        d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
+        head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
+        head.attach_target(target, d2t)
+        if recipe.warm_start:
+            head.warm_start(target)
+    trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
+    resumed_from = trainer.step if trainer.restore() else None
+    t1 = time.perf_counter()
+    tick = bar("training", recipe.train.total_steps, start=trainer.step)
+    history = trainer.fit(data, until=until, progress=tick, log_every=1)
+    head = trainer.head()
+    covered = float(data["counts"][d2t].sum() / max(data["counts"].sum(), 1))
+    report = {
+        "examples": len(data["tokens"]),
+        "response_tokens": int(data["mask"].sum()),
+        "extra_data": extra_metas,
+        "draft_vocab_coverage": covered,
+        "data_seconds": data_seconds,
+        "train_seconds": time.perf_counter() - t1,
+        "resumed_from": resumed_from,
+        "steps": trainer.step,
+        "final": history[-1] if history else None,
+    }
+    if trainer.step >= recipe.train.total_steps:
+        recipe_dict = dataclasses.asdict(recipe) | {"model": model_name}
+        save_head(head, out_dir, recipe=recipe_dict | {"report": report})
+    return head, report
+
+
+def _progress_bar(enabled: bool):
+    """A factory of progress callbacks: tqdm bars on stderr, or nothing."""
+
+    def make(desc, total, start=0):
+        if not enabled:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=start, desc=desc, leave=False)
+        state = {"n": start}
+
+        def update(n, info):
+            bar.update(n - state["n"])
+            state["n"] = n
+            if isinstance(info, dict):
+                loss = " ".join(f"{x:.2f}" for x in info["loss"])
+                acc = " ".join(f"{x:.2f}" for x in info["acc"])
+                bar.set_postfix_str(f"loss/step [{loss}] acc/step [{acc}]")
+            if n >= total:
+                bar.close()
+
+        return update
+
+    return make

@@ -1,0 +1,177 @@
+"""Training a head: the optimizer, the data order and a trainer whose runs resume from orbax checkpoints.
+
+A run checkpoints parameters, optimizer state and the step every
+``checkpoint_every`` steps; the data order is a pure function of (seed, step),
+so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jspec.heads import DraftHead
+from jspec.training.loss import head_loss, loss_window
+
+__all__ = ["TrainConfig", "Trainer", "batch_order", "make_optimizer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    num_steps: int = 7  # TTT steps (1 = no training-time test)
+    decay: float = 0.8
+    batch_size: int = 8
+    learning_rate: float = 3e-4
+    warmup_steps: int = 50
+    total_steps: int = 1000
+    weight_decay: float = 0.01
+    clip_norm: float = 0.5
+    regression_weight: float = 1.0  # EAGLE-1's feature loss (the token loss weighs 0.1 there)
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_steps", "batch_size", "total_steps", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
+        if not 0 <= self.warmup_steps < self.total_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be at least 0 and below total_steps "
+                             f"({self.total_steps}); use fewer warmup steps or more steps.")  # fmt: skip
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with linear warmup and cosine decay, after clipping the global gradient norm."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, config.warmup_steps, config.total_steps,
+        end_value=config.learning_rate * 0.1,
+    )  # fmt: skip
+    return optax.chain(
+        optax.clip_by_global_norm(config.clip_norm), optax.adamw(schedule, weight_decay=config.weight_decay)
+    )
+
+
+def batch_order(num_examples: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """The example indices of training step ``step``: epochs of seeded permutations, a pure function of the step."""
+    per_epoch = max(num_examples // batch_size, 1)
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    idx = perm[i * batch_size : (i + 1) * batch_size]
+    if len(idx) < batch_size:  # fewer examples than one batch
+        idx = np.resize(perm, batch_size)
+    return idx
+
+
+class Trainer:
+    """Trains a head on prepared data; checkpoints and resumes with orbax."""
+
+    def __init__(self, head: DraftHead, target_norm, target_rows, rms_eps: float, config: TrainConfig,
+                 checkpoint_dir: str | pathlib.Path | None = None):  # fmt: skip
+        self.config = config
+        self.graphdef, params, self.frozen = nnx.split(head, nnx.Param, ...)
+        # The trainer owns (and donates) its own copies: a parameter that shares a buffer with the
+        # target or the frozen arrays (a head initialized from the target's weights) stays intact.
+        self.params = jax.tree.map(jnp.copy, params)
+        self.tx = make_optimizer(config)
+        self.opt_state = self.tx.init(self.params)
+        self.step = 0
+        self.target = (jnp.asarray(target_norm), jnp.asarray(target_rows))
+        self.rms_eps = rms_eps
+        self.manager = None
+        if checkpoint_dir is not None:
+            import orbax.checkpoint as ocp
+
+            # Synchronous saves: when fit() moves past a checkpoint step, that checkpoint is on disk.
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=2, save_interval_steps=config.checkpoint_every, enable_async_checkpointing=False
+            )
+            self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
+        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames="window")
+
+    @classmethod
+    def for_target(cls, head: DraftHead, target, config: TrainConfig, checkpoint_dir=None) -> Trainer:
+        """A trainer of ``head`` (attached to ``target``) against the target's distribution: its
+        final norm and its output rows for the head's draft vocabulary."""
+        rows = target.output_weights()[head.d2t[...]]
+        return cls(head, target.final_norm[...], rows, target.config.rms_eps, config, checkpoint_dir)
+
+    def _train_step(self, params, opt_state, frozen, target, batch, window=None):
+        c = self.config
+
+        def loss_fn(params):
+            head = nnx.merge(self.graphdef, params, frozen)
+            return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight, window)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, metrics | {"total": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def train_step(self, batch: dict, window: int | None = None) -> dict:
+        """One optimizer step on ``batch`` (arrays as in :meth:`fit`, one row per example); returns its
+        metrics. ``window``: the loss window's width (:func:`loss_window`), or None to run every TTT
+        step on every row. Each distinct width compiles once."""
+        self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
+                                                             self.target, batch, window=window)  # fmt: skip
+        self.step += 1
+        return metrics
+
+    def restore(self) -> bool:
+        """Loads the latest checkpoint if there is one; returns whether it did."""
+        if self.manager is None or self.manager.latest_step() is None:
+            return False
+        import orbax.checkpoint as ocp
+
+        step = self.manager.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._saved())
+        saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        self.params, self.opt_state, self.step = saved["params"], saved["opt_state"], int(saved["step"])
+        return True
+
+    def _saved(self):
+        return {"params": self.params, "opt_state": self.opt_state, "step": np.asarray(self.step, np.int64)}
+
+    def save(self, force: bool = False) -> None:
+        """Checkpoints at the interval's steps (or now, with ``force``); a step is saved once."""
+        if self.manager is not None and self.step not in self.manager.all_steps():
+            import orbax.checkpoint as ocp
+
+            self.manager.save(self.step, args=ocp.args.StandardSave(self._saved()), force=force)
+
+    def fit(self, data: dict, until: int | None = None, progress=None, log_every: int = 10) -> list[dict]:
+        """Trains up to step ``until`` (default: the config's total); returns the logged metrics.
+
+        Args:
+          data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H].
+          progress: an optional callable(step, metrics) for a progress display.
+        """
+        c = self.config
+        until = c.total_steps if until is None else min(until, c.total_steps)
+        n = len(data["tokens"])
+        window = loss_window(data["mask"], c.num_steps)  # one width for the whole run: one compilation
+        history = []
+        while self.step < until:
+            idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
+            batch = {key: jnp.asarray(data[key][idx]) for key in ("tokens", "mask", "features", "top")}
+            t0 = time.perf_counter()
+            metrics = self.train_step(batch, window)
+            if self.step % log_every == 0 or self.step == until:
+                row = {"step": self.step, "seconds": time.perf_counter() - t0}
+                row |= {k: np.asarray(v).tolist() for k, v in metrics.items()}
+                history.append(row)
+                if progress is not None:
+                    progress(self.step, row)
+            self.save()
+        self.save(force=True)
+        if self.manager is not None:
+            self.manager.wait_until_finished()
+        return history
+
+    def head(self) -> DraftHead:
+        return nnx.merge(self.graphdef, self.params, self.frozen)
