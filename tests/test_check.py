@@ -37,7 +37,7 @@ def test_two_sample_chi2():
     ("kwargs", "message"),
     [
         (dict(steps=10), "steps"),
-        (dict(num_draft=0), "num-draft"),
+        (dict(num_draft=0), "num_draft"),
         (dict(vocab=1), "vocab"),
         (dict(distance=1.5), "distance"),
     ],
