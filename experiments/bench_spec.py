@@ -52,34 +52,6 @@ def _tree(spec: str):
     return StaticTree.from_branching(_ints(spec))
 
 
-def _drafter_ms(target, drafter, context: int = 256) -> dict:
-    """One propose and one commit of ``drafter`` alone (batch 1, ``context`` committed tokens), in ms."""
-    import jax
-    import jax.numpy as jnp
-
-    from jspec.drafters import Context, Feedback
-    from jspec.sampling import SamplingParams
-
-    greedy = SamplingParams.greedy()
-    capacity = context + 128
-    tokens = jax.random.randint(jax.random.PRNGKey(0), (1, context), 0, target.config.vocab_size)
-    positions = jnp.arange(context)[None]
-    layers = drafter.hidden_layers
-    out = jax.jit(lambda t: target(t, positions, target.init_cache(1, capacity), hidden_layers=layers))(tokens)
-    history = jnp.zeros((1, capacity), jnp.int32).at[:, :context].set(tokens).at[:, context].set(7)
-    ctx = Context(history, jnp.array([context + 1]), jnp.array([context]))
-    state = drafter.init(tokens, ctx, capacity, greedy, out.hidden_states)
-    propose = jax.jit(lambda d, s, c: d.propose(s, c, jax.random.PRNGKey(1), greedy)[0])
-    n = drafter.num_draft
-    hidden = tuple(h[:, : n + 1] for h in out.hidden_states)
-    after = Context(history, ctx.length + n, ctx.cache_length + n)
-    commit = jax.jit(lambda d, s, c, h: d.commit(s, c, Feedback(jnp.array([n - 1]), h)))
-    return {
-        "propose_ms": _median_ms(lambda: propose(drafter, state, ctx)),
-        "commit_ms": _median_ms(lambda: commit(drafter, state, after, hidden)),
-    }
-
-
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -111,25 +83,8 @@ def _median_ms(fn, repeats: int = 10) -> float:
     return 1000 * sorted(times)[len(times) // 2]
 
 
-def _lookup_ms(drafter, vocab_size: int, capacity: int = 512, length: int = 300) -> float:
-    """One prompt-lookup search over a history of ``length`` tokens (random, so matches are rare)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jspec.drafters import Context
-    from jspec.sampling import SamplingParams
-
-    history = jax.random.randint(jax.random.PRNGKey(0), (1, capacity), 0, vocab_size)
-    ctx = Context(history, jnp.array([length]), jnp.array([length - 1]))
-    propose = jax.jit(lambda ctx: drafter.propose((), ctx, jax.random.PRNGKey(1), SamplingParams.greedy())[0])
-    return _median_ms(lambda: propose(ctx), repeats=20)
-
-
 def worker_jspec(setup: dict, args) -> dict:
     import jax
-
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from forward_cost import forward_cost
 
     from jspec.bench import predicted_seconds, run_interleaved, run_prompts
     from jspec.cli import _enable_compilation_cache
@@ -138,10 +93,10 @@ def worker_jspec(setup: dict, args) -> dict:
     from jspec.engine import SpeculativeDecoder
     from jspec.models.hub import load_model
     from jspec.sampling import SamplingParams
+    from jspec.tune.costs import drafter_cost, forward_cost
 
     _enable_compilation_cache()
     target, tokenizer = load_model(setup["target"])
-    vocab = target.config.vocab_size
     grid = _ints(args.num_draft)
     trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] in ("eagle3", "draft") else []
     out = {"engine": "jspec", "backend": jax.default_backend(), "jax": jax.__version__}
@@ -184,9 +139,9 @@ def worker_jspec(setup: dict, args) -> dict:
         dms = forward_cost(draft_model, max_k=max([2, *(max(f) for f in draft_trees if f)]), context=256)
         costs |= {"draft_ms": dms, "c": dms[1] / ms[1], "draft_r2": dms[2] / dms[1]}
     elif head is not None:
-        costs |= {"head_ms": {key: _drafter_ms(target, drafter_for(key)) for key in keys}}
+        costs |= {"head_ms": {key: drafter_cost(target, drafter_for(key)) for key in keys}}
     else:
-        lookup = {n: _lookup_ms(PromptLookup(num_draft=n), vocab) for n in grid}
+        lookup = {n: drafter_cost(target, PromptLookup(num_draft=n))["propose_ms"] for n in grid}
         costs |= {"lookup_ms": lookup}
     out["costs"] = costs
     print(f"  costs: {json.dumps(costs)}", file=sys.stderr)

@@ -11,34 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
-import jax.numpy as jnp
-
-from jspec.decode import jit_forward
 from jspec.models.hub import load_model
 from jspec.speedup import linear_verify_cost
-
-__all__ = ["forward_cost"]
-
-
-def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10) -> dict:
-    """Median milliseconds of a k-token forward (k = 1..max_k) after ``context`` cached tokens."""
-    state, forward = jit_forward(model)  # the cache is donated: each call reuses its buffers
-    cache = model.init_cache(1, context + max_k).rollback(jnp.array([context]))
-    ks = range(1, max_k + 1)
-    inputs = {k: (jnp.full((1, k), 5, jnp.int32), context + jnp.arange(k, dtype=jnp.int32)[None, :]) for k in ks}
-    times = {k: [] for k in ks}
-    for i in range(repeats + 1):  # round 0 compiles; then every k takes its turn each round, so drift hits all
-        for k in ks:
-            t0 = time.perf_counter()
-            logits, cache = forward(state, *inputs[k], cache)
-            logits.block_until_ready()
-            if i:
-                times[k].append(time.perf_counter() - t0)
-            cache = cache.rollback(jnp.array([context]))
-    out = {k: 1000 * sorted(times[k])[repeats // 2] for k in ks}
-    return out
+from jspec.tune.costs import forward_cost
 
 
 def main(argv: list[str] | None = None) -> dict:

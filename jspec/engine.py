@@ -33,7 +33,7 @@ from jspec.sharding import check_mesh, replicate
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
-__all__ = ["SpecLoop", "SpeculativeDecoder", "speculative_loop"]
+__all__ = ["LoopState", "SpecLoop", "SpeculativeDecoder", "merge_drafter", "speculative_loop", "split_drafter"]
 
 
 @struct.dataclass
@@ -91,7 +91,8 @@ def split_drafter(drafter) -> tuple[jax.tree_util.PyTreeDef, list]:
     return jax.tree.structure(_Static(drafter)), []
 
 
-def _merge_drafter(treedef, leaves):
+def merge_drafter(treedef, leaves):
+    """The drafter :func:`split_drafter` took apart."""
     drafter = jax.tree.unflatten(treedef, leaves)
     return drafter.drafter if isinstance(drafter, _Static) else drafter
 
@@ -154,7 +155,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     """
     config = loop.config
     target = nnx.merge(loop.graphdef, target_weights)
-    drafter = _merge_drafter(loop.drafter, drafter_leaves)
+    drafter = merge_drafter(loop.drafter, drafter_leaves)
     n, num_nodes, extra = drafter.num_draft, drafter.num_nodes, drafter.num_lookahead
     width = num_nodes or n + 1  # the verified block: a tree's nodes, or the pending token and N drafts
     b, p = prompts.shape

@@ -1,0 +1,321 @@
+"""The cost profile of one machine: what a target forward over k tokens and each drafter's step cost.
+
+Every speedup prediction divides expected tokens by these costs (``speedup = E / (r(N + 1) + c_N)``
+with one plain decoding step as the unit), so they are measured on the machine that decodes:
+a k-token forward after a warm cache of ``context`` tokens for k = 1 .. K, and each drafter's
+``propose`` and ``commit`` as the engine calls them. All timed callables take turns round by
+round after a warm-up round (drift in a shared machine's speed hits all of them alike), and
+each cost is the median of its rounds.
+
+A profile is cached as JSON under ``$JSPEC_CACHE/profiles``, keyed by model, backend, device
+kind, dtype and batch bucket (:func:`profile_path`); :func:`load_profile` refuses a damaged or
+foreign file with a message that names it, and never deletes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import pathlib
+import re
+import time
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.batching import bucket
+from jspec.decode import jit_forward, prefill
+from jspec.drafters.base import Context, Feedback, check_drafter
+from jspec.engine import merge_drafter, split_drafter
+from jspec.sampling import SamplingParams
+
+__all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "forward_cost", "load_profile", "measure_profile",
+           "profile_path", "save_profile"]  # fmt: skip
+
+PROFILE_VERSION = 1
+
+
+def _interleaved_medians(fns: Mapping[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median milliseconds of each callable: a warm-up round (compilation), then ``repeats``
+    rounds in which every callable takes its turn."""
+    times = {name: [] for name in fns}
+    for i in range(repeats + 1):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return {name: 1000 * float(np.median(t)) for name, t in times.items()}
+
+
+def _forward_fns(model, max_k: int, context: int, batch: int) -> dict[str, Callable]:
+    """A k-token forward per k, each after ``context`` cached tokens per row (the cache is donated
+    and rolled back after each call, so every call sees the same cache)."""
+    state, forward = jit_forward(model)
+    holder = {"cache": model.init_cache(batch, context + max_k).rollback(jnp.full((batch,), context, jnp.int32))}
+
+    def make(k):
+        tokens = jnp.full((batch, k), 5, jnp.int32)
+        positions = jnp.broadcast_to(context + jnp.arange(k, dtype=jnp.int32), (batch, k))
+
+        def run():
+            logits, cache = forward(state, tokens, positions, holder["cache"])
+            holder["cache"] = cache.rollback(jnp.full((batch,), context, jnp.int32))
+            return logits
+
+        return run
+
+    return {f"forward:{k}": make(k) for k in range(1, max_k + 1)}
+
+
+def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10, batch: int = 1) -> dict[int, float]:
+    """Median milliseconds of a k-token forward (k = 1 .. ``max_k``) after ``context`` cached tokens."""
+    ms = _interleaved_medians(_forward_fns(model, max_k, context, batch), repeats)
+    return {k: ms[f"forward:{k}"] for k in range(1, max_k + 1)}
+
+
+_CAPACITY_SLACK = 64  # cache slots past the context: any verify width and tree frontier in use
+
+
+def _prefilled(target, context: int, batch: int, hidden_layers: tuple[int, ...]):
+    """(tokens int32[B, context], the target's hidden states over them at ``hidden_layers``)."""
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (batch, context), 0, target.config.vocab_size)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    graphdef, weights = nnx.split(target)  # weights as an argument: closed over, they become constants
+
+    def run(weights, tokens):
+        return prefill(nnx.merge(graphdef, weights), tokens, lengths, context + _CAPACITY_SLACK, hidden_layers)
+
+    return tokens, jax.jit(run)(weights, tokens).hidden_states
+
+
+def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None) -> dict[str, Callable]:
+    """``propose`` and ``commit`` of one step, jitted, on ``context`` random committed tokens per row.
+
+    ``prefilled``: :func:`_prefilled`'s output for the drafter's hidden layers (shared by drafters
+    that read the same layers, so the target's prefill compiles once).
+    """
+    check_drafter(drafter)
+    width = (drafter.num_nodes or drafter.num_draft + 1) + drafter.num_lookahead
+    if width > _CAPACITY_SLACK // 2:
+        raise ValueError(
+            f"a step of {width} tokens is more than the profile measures (at most {_CAPACITY_SLACK // 2})."
+        )
+    greedy = SamplingParams.greedy()
+    capacity = context + _CAPACITY_SLACK
+    tokens, hidden_states = prefilled or _prefilled(target, context, batch, drafter.hidden_layers)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    history = jnp.zeros((batch, capacity), jnp.int32).at[:, :context].set(tokens).at[:, context].set(7)
+    ctx = Context(history, lengths + 1, lengths)
+    treedef, leaves = split_drafter(drafter)
+
+    def init(leaves, tokens, hidden):
+        return merge_drafter(treedef, leaves).init(tokens, ctx, capacity, greedy, hidden)
+
+    state = jax.jit(init)(leaves, tokens, hidden_states)
+    n = drafter.num_draft
+    hidden = tuple(jnp.broadcast_to(h[:, -1:], (batch, n + 1, h.shape[-1])) for h in hidden_states)
+    after = Context(history, ctx.length + n, ctx.cache_length + n)
+    accepted = jnp.full((batch,), n - 1, jnp.int32)
+    propose = jax.jit(lambda w, s, c: merge_drafter(treedef, w).propose(s, c, jax.random.PRNGKey(1), greedy))
+    commit = jax.jit(lambda w, s, c, h: merge_drafter(treedef, w).commit(s, c, Feedback(accepted, h)))
+    return {"propose": lambda: propose(leaves, state, ctx), "commit": lambda: commit(leaves, state, after, hidden)}
+
+
+def drafter_cost(target, drafter, context: int = 256, repeats: int = 10, batch: int = 1) -> dict[str, float]:
+    """Median milliseconds of one ``propose`` and one ``commit`` of ``drafter`` (all N drafts of a step)."""
+    ms = _interleaved_medians(_drafter_fns(target, drafter, context, batch), repeats)
+    return {"propose_ms": ms["propose"], "commit_ms": ms["commit"]}
+
+
+@dataclasses.dataclass
+class CostProfile:
+    """What a step costs on one machine, for one model, dtype and batch bucket.
+
+    Attributes:
+      model: the target's registry name or folder.
+      backend, device_kind, dtype: where and how it ran (``jax.default_backend()``, the first
+        device's kind, the target's weight dtype).
+      batch: the batch bucket measured (a power of two).
+      context: tokens in the cache before each timed call.
+      forward_ms: k -> milliseconds of a k-token target forward (k = 1 .. K).
+      drafters: name -> {"propose_ms", "commit_ms"}; names like ``ngram:N=3``, ``eagle3:N=5``,
+        ``eagle3:tree=dynamic:4:3:8``.
+      seconds: how long measuring took, compilation included.
+      created: when (UTC, ISO 8601); version: the profile format.
+    """
+
+    model: str
+    backend: str
+    device_kind: str
+    dtype: str
+    batch: int
+    context: int
+    forward_ms: dict[int, float]
+    drafters: dict[str, dict[str, float]]
+    seconds: float = 0.0
+    created: str = ""
+    version: int = PROFILE_VERSION
+
+    @property
+    def step_ms(self) -> float:
+        """One plain decoding step: the unit of every relative cost."""
+        return self.forward_ms[1]
+
+    def relative_forward(self, k: int) -> float:
+        """r(k): a k-token forward over a one-token step."""
+        if k not in self.forward_ms:
+            raise ValueError(f"the profile measured forwards of 1..{max(self.forward_ms)} tokens, not {k}; "
+                             "re-measure with a larger max_k.")  # fmt: skip
+        return self.forward_ms[k] / self.step_ms
+
+    def relative_drafter(self, name: str) -> float:
+        """A drafter's propose and commit per step, in plain steps."""
+        if name not in self.drafters:
+            raise ValueError(f"the profile has no drafter {name!r}; it measured {sorted(self.drafters)}.")
+        d = self.drafters[name]
+        return (d["propose_ms"] + d["commit_ms"]) / self.step_ms
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"forward_ms": {str(k): v for k, v in self.forward_ms.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "profile") -> CostProfile:
+        """Refuses, with ``source`` named, anything that is not a complete profile of this format."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION or not fields <= data.keys():
+            missing = sorted(fields - set(data)) if isinstance(data, dict) else ["everything"]
+            raise ValueError(f"{source} is not a jspec cost profile of version {PROFILE_VERSION} (missing or wrong: "
+                             f"{missing or ['version']}); re-measure it (jspec tune profile --force).")  # fmt: skip
+        try:
+            forward = {int(k): float(v) for k, v in data["forward_ms"].items()}
+            drafters = {
+                str(n): {k: float(d[k]) for k in ("propose_ms", "commit_ms")} for n, d in data["drafters"].items()
+            }
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{source} has malformed costs ({err}); re-measure it (jspec tune profile --force)."
+            ) from err
+        if 1 not in forward or any(v <= 0 for v in forward.values()):
+            raise ValueError(
+                f"{source} lacks a positive one-token step cost; re-measure it (jspec tune profile --force)."
+            )
+        return cls(**(data | {"forward_ms": forward, "drafters": drafters}))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "unknown"
+
+
+def profile_path(model: str, batch: int = 1, *, backend: str | None = None, device_kind: str | None = None,
+                 dtype: str = "float32", root: pathlib.Path | None = None) -> pathlib.Path:  # fmt: skip
+    """Where the profile of ``model`` at this batch bucket, backend, device kind and dtype is cached."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1; got {batch}.")
+    if root is None:
+        from jspec.models.hub import cache_root
+
+        root = cache_root() / "profiles"
+    backend = backend or jax.default_backend()
+    device_kind = device_kind or jax.devices()[0].device_kind
+    key = "__".join(_slug(x) for x in (model, backend, device_kind, dtype, f"b{bucket(batch, minimum=1)}"))
+    return pathlib.Path(root) / f"{key}.json"
+
+
+def load_profile(path) -> CostProfile | None:
+    """The profile cached at ``path``, None when there is none; a damaged file is refused (kept on disk)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is corrupt or truncated ({err}); re-measure it (jspec tune profile --force) "
+                         "or delete it.") from err  # fmt: skip
+    return CostProfile.from_json(data, str(path))
+
+
+def _weights_dtype(model) -> str:
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    return str(leaves[0].dtype) if leaves else "float32"
+
+
+def measure_profile(target, model_name: str, drafters: Mapping[str, object] | None = None, *, batch: int = 1,
+                    max_k: int = 8, context: int = 256, repeats: int = 7) -> CostProfile:  # fmt: skip
+    """Measures a :class:`CostProfile`: forwards of 1..``max_k`` tokens and each drafter's step, all
+    interleaved round by round after a warm-up round, at the batch bucket of ``batch``."""
+    if max_k < 1 or context < 1 or repeats < 1:
+        raise ValueError(f"max_k, context and repeats must be >= 1; got {max_k}, {context}, {repeats}.")
+    t0 = time.perf_counter()
+    rows = bucket(batch, minimum=1)
+    fns = _forward_fns(target, max_k, context, rows)
+    prefilled = {}
+    for name, drafter in (drafters or {}).items():
+        layers = tuple(drafter.hidden_layers)
+        if layers not in prefilled:
+            prefilled[layers] = _prefilled(target, context, rows, layers)
+        for part, fn in _drafter_fns(target, drafter, context, rows, prefilled[layers]).items():
+            fns[f"{name}|{part}"] = fn
+    ms = _interleaved_medians(fns, repeats)
+    forward = {k: ms[f"forward:{k}"] for k in range(1, max_k + 1)}
+    costs = {name: {"propose_ms": ms[f"{name}|propose"], "commit_ms": ms[f"{name}|commit"]} for name in drafters or {}}
+    return CostProfile(
+        model=model_name,
+        backend=jax.default_backend(),
+        device_kind=jax.devices()[0].device_kind,
+        dtype=_weights_dtype(target),
+        batch=rows,
+        context=context,
+        forward_ms=forward,
+        drafters=costs,
+        seconds=time.perf_counter() - t0,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def save_profile(profile: CostProfile, path) -> pathlib.Path:
+    """Writes the profile atomically (a reader sees the old file or the new one, never half)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=1))
+    tmp.replace(path)
+    return path
+
+
+def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7), trees=("dynamic",),
+                     head=None, draft_model=None) -> dict[str, object]:  # fmt: skip
+    """The drafters a profile measures, by name: prompt lookup at each N; the EAGLE head (``head``, or
+    the one shipped for ``model_name``, if any) at each N and each tree; the draft model, if given,
+    at each N and each static tree."""
+    from jspec.drafters.factory import make_drafter, parse_tree
+    from jspec.models.hub import shipped_head
+    from jspec.tree import StaticTree
+
+    drafters = {f"ngram:N={n}": make_drafter("ngram", target, num_draft=n) for n in num_drafts}
+    if head is None:
+        try:
+            head = shipped_head(model_name, "eagle3")
+        except ValueError:  # no head ships for this model: nothing to measure
+            head = None
+    if head is not None:
+        for n in num_drafts:
+            drafters[f"eagle3:N={n}"] = make_drafter("eagle3", target, num_draft=n, head=head)
+        for spec in trees:
+            drafters[f"eagle3:tree={spec}"] = make_drafter("eagle3", target, tree=spec, head=head)
+    if draft_model is not None:
+        for n in num_drafts:
+            drafters[f"draft:N={n}"] = make_drafter("draft", target, num_draft=n, draft_model=draft_model)
+        for spec in trees:
+            if isinstance(parse_tree(spec), StaticTree):
+                drafters[f"draft:tree={spec}"] = make_drafter("draft", target, tree=spec, draft_model=draft_model)
+    return drafters
+
+
+def verify_widths(drafters: Mapping[str, object]) -> int:
+    """The widest target forward the drafters' verify steps run (a tree's nodes, or N + 1)."""
+    return max([(d.num_nodes or d.num_draft + 1) + d.num_lookahead for d in drafters.values()], default=1)
