@@ -9,6 +9,13 @@ and end of sequence and the token budget end each row on its own. When no row
 has a draft (prompt lookup found nothing) the step is a plain one-token step
 instead (``lax.cond`` between the two). The engine knows drafters only through
 :class:`jspec.drafters.base.Drafter`.
+
+With an :class:`Adaptive` policy and :class:`StepCosts` (from the machine's cost
+profile, :mod:`jspec.tune`), each step first asks whether speculating is worth
+it: a running estimate per row of the drafts the target accepts against what a
+speculative step costs over a plain one. Where it is not, the step is a plain
+one without a proposal; every ``probe_every`` such steps it speculates once to
+measure again. Every step, either kind, samples exactly from the target.
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ from jspec.sharding import check_mesh, replicate
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
-__all__ = ["LoopState", "SpecLoop", "SpeculativeDecoder", "merge_drafter", "speculative_loop", "split_drafter"]
+__all__ = [
+    "Adaptive", "LoopState", "SpecLoop", "SpeculativeDecoder", "StepCosts", "merge_drafter", "speculative_loop",
+    "split_drafter",
+]  # fmt: skip
 
 
 @struct.dataclass
@@ -49,6 +59,61 @@ class LoopState:
     emitted_in_verify: jax.Array  # int32[]: tokens emitted by verify steps (live rows)
     live_row_steps: jax.Array  # int32[]: sum over verify steps of live rows
     accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
+    accepted_estimate: jax.Array  # float32[B]: running mean of drafts accepted per verify step (adaptive loops)
+    since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the adaptive policy
+    fallback_steps: jax.Array  # int32[]: plain steps the adaptive policy chose (counted in plain_steps too)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adaptive:
+    """Fall back to plain steps where speculation does not pay (static knobs of the loop).
+
+    Attributes:
+      probe_every: after this many fallback steps in a row, speculate once to measure again.
+      decay: the weight of the old estimate in each row's running mean of accepted drafts.
+      prior: the estimate a row starts from (drafts accepted per verify step); None starts at
+        N, so a request speculates until it has measured otherwise.
+    """
+
+    probe_every: int = 8
+    decay: float = 0.7
+    prior: float | None = None
+
+    def __post_init__(self):
+        if self.probe_every < 1 or not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"need probe_every >= 1 and 0 <= decay < 1; got {self.probe_every}, {self.decay}.")
+        if self.prior is not None and self.prior < 0:
+            raise ValueError(f"prior (drafts accepted per step) must be >= 0; got {self.prior}.")
+
+
+@struct.dataclass
+class StepCosts:
+    """What one step costs, in plain one-token steps (arrays: changing them does not recompile).
+
+    Attributes:
+      speculative: float32[], a verify forward over the drafter's width and the drafter's propose
+        and commit (``r(W) + c``).
+      plain: float32[], a plain step with the drafter's commit (1 + what the drafter does to keep up).
+    """
+
+    speculative: jax.Array
+    plain: jax.Array
+
+    @classmethod
+    def create(cls, speculative: float, plain: float = 1.0) -> StepCosts:
+        if not speculative > 0 or not plain > 0:
+            raise ValueError(f"step costs must be > 0; got speculative {speculative}, plain {plain}.")
+        return cls(jnp.float32(speculative), jnp.float32(plain))
+
+    @classmethod
+    def from_profile(cls, profile, drafter_name: str, width: int) -> StepCosts:
+        """From a :class:`jspec.tune.CostProfile`: ``r(width)`` plus the drafter's propose and commit; a
+        plain step plus the drafter's commit."""
+        d = profile.drafters.get(drafter_name)
+        if d is None:
+            raise ValueError(f"the profile has no drafter {drafter_name!r}; it measured {sorted(profile.drafters)}.")
+        return cls.create(profile.relative_forward(width) + profile.relative_drafter(drafter_name),
+                          1.0 + d["commit_ms"] / profile.step_ms)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +125,14 @@ class SpecLoop:
       drafter: the drafter's pytree structure (its static facts; its arrays are arguments).
       config: the request's shapes (:class:`jspec.batching.LoopConfig`).
       verifier: the batched chain verifier; tests pass a broken one as a negative control.
+      adaptive: the fallback policy, or None to speculate every step.
     """
 
     graphdef: nnx.GraphDef
     drafter: jax.tree_util.PyTreeDef
     config: LoopConfig
     verifier: Callable = verify_chain_batch
+    adaptive: Adaptive | None = None
 
 
 @struct.dataclass
@@ -144,7 +211,8 @@ def _with_lookahead(tokens, offsets, local_mask, lookahead):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key):
+def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key,
+                     costs: StepCosts | None = None):  # fmt: skip
     """The whole speculative decode, jitted; returns the final loop state.
 
     Args:
@@ -152,6 +220,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
       target_weights: the target's NNX state; drafter_leaves: the drafter's arrays
         (:func:`split_drafter`), put back into ``loop.drafter``.
       prompts, lengths, max_new, params, key: :meth:`jspec.batching.Batch.arrays`.
+      costs: :class:`StepCosts` for an adaptive loop (``loop.adaptive``), else None.
     """
     config = loop.config
     target = nnx.merge(loop.graphdef, target_weights)
@@ -169,6 +238,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     ctx = Context(history, lengths + 1, lengths)
     dstate = drafter.init(prompts, ctx, capacity, params, out.hidden_states)
 
+    prior = n if loop.adaptive is None or loop.adaptive.prior is None else loop.adaptive.prior
     init = LoopState(
         out=jnp.zeros((b, config.max_new + n + 1), jnp.int32),
         num_generated=jnp.zeros((b,), jnp.int32),
@@ -181,6 +251,9 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         emitted_in_verify=jnp.int32(0),
         live_row_steps=jnp.int32(0),
         accept_hist=jnp.zeros((n + 1,), jnp.int32),
+        accepted_estimate=jnp.full((b,), prior, jnp.float32),
+        since_speculated=jnp.int32(0),
+        fallback_steps=jnp.int32(0),
     )
     o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
     init = dataclasses.replace(init, out=o, num_generated=g, done=d)
@@ -222,8 +295,12 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         lookahead_logits = None if proposal.lookahead is None else lookahead_logits
         dstate = drafter.commit(dstate, new_ctx, Feedback(a, hidden, lookahead_logits))
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
+        decay = 0.0 if loop.adaptive is None else loop.adaptive.decay
+        estimate = jnp.where(live, decay * s.accepted_estimate + (1 - decay) * a, s.accepted_estimate)
         return dataclasses.replace(
             s,
+            accepted_estimate=estimate,
+            since_speculated=jnp.int32(0),
             out=o,
             num_generated=g,
             done=d,
@@ -236,28 +313,45 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
 
-    def plain_step(s: LoopState, proposal, dstate, step_key):
+    def plain_step(s: LoopState, proposal, dstate, step_key, proposed: bool = True):
         ctx = s.ctx
         out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache, hidden_layers=hidden_layers)
         nxt = sample_logits(step_key, out.logits[:, 0], params)
         live = (~s.done).astype(jnp.int32)
         cache = out.cache.rollback(ctx.cache_length + live)
         new_ctx = Context(_append(ctx.history, ctx.length, nxt[:, None]), ctx.length + live, ctx.cache_length + live)
-        dstate = drafter.commit(dstate, new_ctx, Feedback(jnp.zeros((b,), jnp.int32), out.hidden_states))
+        feedback = Feedback(jnp.zeros((b,), jnp.int32), out.hidden_states, proposed=proposed)
+        dstate = drafter.commit(dstate, new_ctx, feedback)
         o, g, d = _emit(s, nxt[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
         return dataclasses.replace(
             s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
             plain_steps=s.plain_steps + 1,
+            since_speculated=jnp.int32(0) if proposed else s.since_speculated + 1,
+            fallback_steps=s.fallback_steps + (0 if proposed else 1),
         )  # fmt: skip
 
-    def body(s: LoopState):
-        step = s.verify_steps + s.plain_steps + 1
-        k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
+    def speculate(s: LoopState, k_draft, k_step):
         proposal, dstate = drafter.propose(s.drafter, s.ctx, k_draft, params)
         if proposal.lookahead is not None:  # its window needs the target's logits every step
             return verify_step(s, proposal, dstate, k_step)
         any_draft = jnp.any(proposal.has_draft & ~s.done)
         return jax.lax.cond(any_draft, verify_step, plain_step, s, proposal, dstate, k_step)
+
+    def fall_back(s: LoopState, k_draft, k_step):
+        return plain_step(s, None, s.drafter, k_step, proposed=False)
+
+    def body(s: LoopState):
+        step = s.verify_steps + s.plain_steps + 1
+        k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
+        if loop.adaptive is None:
+            return speculate(s, k_draft, k_step)
+        live = ~s.done
+        # Tokens per unit of time: speculating emits 1 + the accepted drafts per live row for the
+        # cost of a verify step; a plain step one token per live row for the cost of a plain step.
+        spec_rate = jnp.sum(jnp.where(live, 1.0 + s.accepted_estimate, 0.0)) / costs.speculative
+        plain_rate = jnp.sum(live) / costs.plain
+        go = (spec_rate >= plain_rate) | (s.since_speculated >= loop.adaptive.probe_every)
+        return jax.lax.cond(go, speculate, fall_back, s, k_draft, k_step)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
 
@@ -273,6 +367,8 @@ class SpeculativeDecoder:
         eos_ids: tuple[int, ...] = (),
         verifier: Callable = verify_chain_batch,
         mesh: Mesh | None = None,
+        adaptive: Adaptive | None = None,
+        costs: StepCosts | None = None,
     ):
         """Args:
         target: the target model (see :mod:`jspec.decode` for the interface).
@@ -282,8 +378,20 @@ class SpeculativeDecoder:
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
         mesh: split every batch's rows over these devices, target and drafter weights
           replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
+        adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
+          needs ``costs``.
+        costs: what a speculative and a plain step cost here (:class:`StepCosts`, e.g. from
+          :func:`jspec.tune.measure_profile`).
         """
         check_drafter(drafter)
+        if (adaptive is None) != (costs is None):
+            raise ValueError("an adaptive loop needs both adaptive= (the policy) and costs= (StepCosts.create or "
+                             "StepCosts.from_profile); pass both or neither.")  # fmt: skip
+        if adaptive is not None and not isinstance(adaptive, Adaptive):
+            raise ValueError(f"adaptive must be an Adaptive; got {type(adaptive).__name__}.")
+        if costs is not None and not isinstance(costs, StepCosts):
+            raise ValueError(f"costs must be a StepCosts; got {type(costs).__name__}.")
+        self.adaptive, self.costs = adaptive, replicate(mesh, costs)
         if isinstance(eos_ids, int | np.integer):
             eos_ids = (eos_ids,)
         check_mesh(mesh)
@@ -303,8 +411,8 @@ class SpeculativeDecoder:
         """Runs the loop and returns (final :class:`LoopState`, compile seconds, run seconds); for
         tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
-        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier)
-        args = (loop, self.tweights, self._drafter_leaves, *batch.arrays())
+        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
+        args = (loop, self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
         run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args)
         t0 = time.perf_counter()
         final = jax.block_until_ready(run(*args[1:]))
@@ -328,4 +436,5 @@ class SpeculativeDecoder:
             live_row_steps=int(final.live_row_steps),
             accept_hist=np.asarray(final.accept_hist).tolist(),
             cache_lengths=np.asarray(final.cache.lengths)[:b].tolist(),
+            fallback_steps=int(final.fallback_steps),
         )

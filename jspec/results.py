@@ -42,6 +42,7 @@ class GenerationResult:
       live_row_steps: the sum over verify steps of live rows.
       accept_hist: [N + 1] live verify rows by number of drafts accepted.
       cache_lengths: target tokens committed per row at the end (speculative runs).
+      fallback_steps: plain steps an adaptive loop chose over speculating (in ``plain_steps`` too).
     """
 
     tokens: list[list[int]]
@@ -55,6 +56,7 @@ class GenerationResult:
     live_row_steps: int = 0
     accept_hist: list[int] = dataclasses.field(default_factory=list)
     cache_lengths: list[int] = dataclasses.field(default_factory=list)
+    fallback_steps: int = 0
 
     @property
     def speculative(self) -> bool:
@@ -94,6 +96,7 @@ class GenerationResult:
                 "plain_steps": self.plain_steps,
                 "emitted_in_verify": self.emitted_in_verify,
                 "live_row_steps": self.live_row_steps,
+                "fallback_steps": self.fallback_steps,
                 "num_draft": self.num_draft,
             }
         return out
@@ -116,4 +119,5 @@ class GenerationResult:
             live_row_steps=sum(r.live_row_steps for r in results),
             accept_hist=np.sum(hists, axis=0).tolist() if hists else [],
             cache_lengths=[n for r in results for n in r.cache_lengths],
+            fallback_steps=sum(r.fallback_steps for r in results),
         )

@@ -27,9 +27,11 @@ Each step:
 
 When no live row has a draft (``has_draft`` all False; prompt lookup found
 nothing), the step is a plain one-token step and ``commit`` sees
-``num_accepted`` 0 and the hidden states of that one token. A drafter that
-feeds lookahead tokens is verified every step, so that its window always gets
-the target's logits.
+``num_accepted`` 0 and the hidden states of that one token. An adaptive loop
+may also take a plain step without calling ``propose`` at all (speculation did
+not pay); ``commit`` is then told so (``Feedback.proposed`` False). A drafter
+that feeds lookahead tokens is verified every step, so that its window always
+gets the target's logits.
 """
 
 from __future__ import annotations
@@ -149,11 +151,15 @@ class Feedback:
         for a plain step).
       lookahead_logits: float32[B, E, V], the target's logits at the lookahead tokens,
         or None when the proposal had none.
+      proposed: static; False when the engine took a plain step without asking the drafter
+        for a proposal (an adaptive loop's fallback): a drafter with its own cache must take
+        in the token the target consumed, which no proposal fed it.
     """
 
     num_accepted: jax.Array
     hidden: tuple
     lookahead_logits: jax.Array | None = None
+    proposed: bool = struct.field(pytree_node=False, default=True)
 
 
 @runtime_checkable

@@ -153,6 +153,24 @@ class DraftModel:
         pending = jnp.where(all_in, accepted[:, depth - 1], -1)
         return _DraftModelState(cache, pending, state.tree_tokens)
 
+    def _catch_up_plain_step(self, state: _DraftModelState, ctx: Context) -> _DraftModelState:
+        """After a plain step that no proposal preceded: the target consumed the old pending token,
+        which the draft model has not seen. It becomes the draft model's pending token; a row that
+        already had one feeds it first (one one-token forward, only when some row needs it), so a
+        row is never more than one token behind."""
+        model = nnx.merge(self.graphdef, self.weights)
+        has_pending = state.pending >= 0
+
+        def feed_pending(cache):
+            out = model(jnp.maximum(state.pending, 0)[:, None], cache.lengths[:, None], cache,
+                        num_new=has_pending.astype(jnp.int32))  # fmt: skip
+            return out.cache
+
+        cache = jax.lax.cond(jnp.any(has_pending), feed_pending, lambda c: c, state.cache)
+        consumed = jnp.take_along_axis(ctx.history, jnp.maximum(ctx.cache_length - 1, 0)[:, None], axis=1)[:, 0]
+        behind = ctx.cache_length > cache.lengths  # a live row: the consumed token is now pending
+        return _DraftModelState(cache, jnp.where(behind, consumed, -1), state.tree_tokens)
+
     def commit(self, state: _DraftModelState, ctx: Context, feedback: Feedback):
         """``ctx`` is the context after the step: the accepted drafts and the new pending token appended.
 
@@ -161,6 +179,8 @@ class DraftModel:
         drafts were accepted: the last draft was never fed, and becomes the
         next step's catch-up token.
         """
+        if not feedback.proposed:
+            return self._catch_up_plain_step(state, ctx)
         num_accepted = feedback.num_accepted
         if self.tree is not None:
             return self._commit_tree(state, ctx, num_accepted)
