@@ -61,6 +61,7 @@ class LoopState:
     accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
     accepted_estimate: jax.Array  # float32[B]: running mean of drafts accepted per verify step (adaptive loops)
     since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the adaptive policy
+    probe_interval: jax.Array  # int32[]: fallback steps before the next probe (doubles while probes fail)
     fallback_steps: jax.Array  # int32[]: plain steps the adaptive policy chose (counted in plain_steps too)
 
 
@@ -70,18 +71,24 @@ class Adaptive:
 
     Attributes:
       probe_every: after this many fallback steps in a row, speculate once to measure again.
+      max_probe_every: a probe that still finds speculation not worth it doubles the wait before
+        the next one, up to this many steps (a probe costs a whole speculative step); a probe
+        that finds it worth it resets the wait to ``probe_every``.
       decay: the weight of the old estimate in each row's running mean of accepted drafts.
       prior: the estimate a row starts from (drafts accepted per verify step); None starts at
         N, so a request speculates until it has measured otherwise.
     """
 
     probe_every: int = 8
+    max_probe_every: int = 64
     decay: float = 0.7
     prior: float | None = None
 
     def __post_init__(self):
         if self.probe_every < 1 or not 0.0 <= self.decay < 1.0:
             raise ValueError(f"need probe_every >= 1 and 0 <= decay < 1; got {self.probe_every}, {self.decay}.")
+        if self.max_probe_every < self.probe_every:
+            raise ValueError(f"max_probe_every ({self.max_probe_every}) must be >= probe_every ({self.probe_every}).")
         if self.prior is not None and self.prior < 0:
             raise ValueError(f"prior (drafts accepted per step) must be >= 0; got {self.prior}.")
 
@@ -190,6 +197,13 @@ def _emit(state: LoopState, tokens, count, max_new, eos_ids):
     return out, num_generated, done
 
 
+def _worth_speculating(accepted_estimate, live, costs: StepCosts):
+    """Tokens per unit of time: speculating emits 1 + the accepted drafts per live row for the cost of
+    a speculative step, a plain step one token per live row for the cost of a plain step."""
+    spec_rate = jnp.sum(jnp.where(live, 1.0 + accepted_estimate, 0.0)) / costs.speculative
+    return spec_rate >= jnp.sum(live) / costs.plain
+
+
 def _split_logits(logits, width: int):
     """(the verified block's logits [B, W, V], the lookahead tokens' [B, E, V])."""
     return logits[:, :width], logits[:, width:]
@@ -253,6 +267,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         accept_hist=jnp.zeros((n + 1,), jnp.int32),
         accepted_estimate=jnp.full((b,), prior, jnp.float32),
         since_speculated=jnp.int32(0),
+        probe_interval=jnp.int32(1 if loop.adaptive is None else loop.adaptive.probe_every),
         fallback_steps=jnp.int32(0),
     )
     o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
@@ -295,11 +310,19 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         lookahead_logits = None if proposal.lookahead is None else lookahead_logits
         dstate = drafter.commit(dstate, new_ctx, Feedback(a, hidden, lookahead_logits))
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
-        decay = 0.0 if loop.adaptive is None else loop.adaptive.decay
-        estimate = jnp.where(live, decay * s.accepted_estimate + (1 - decay) * a, s.accepted_estimate)
+        interval = s.probe_interval
+        if loop.adaptive is None:
+            estimate = s.accepted_estimate
+        else:
+            decay = loop.adaptive.decay
+            estimate = jnp.where(live, decay * s.accepted_estimate + (1 - decay) * a, s.accepted_estimate)
+            worth = _worth_speculating(estimate, live, costs)
+            interval = jnp.where(worth, loop.adaptive.probe_every,
+                                 jnp.minimum(2 * interval, loop.adaptive.max_probe_every))  # fmt: skip
         return dataclasses.replace(
             s,
             accepted_estimate=estimate,
+            probe_interval=interval,
             since_speculated=jnp.int32(0),
             out=o,
             num_generated=g,
@@ -345,12 +368,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
         if loop.adaptive is None:
             return speculate(s, k_draft, k_step)
-        live = ~s.done
-        # Tokens per unit of time: speculating emits 1 + the accepted drafts per live row for the
-        # cost of a verify step; a plain step one token per live row for the cost of a plain step.
-        spec_rate = jnp.sum(jnp.where(live, 1.0 + s.accepted_estimate, 0.0)) / costs.speculative
-        plain_rate = jnp.sum(live) / costs.plain
-        go = (spec_rate >= plain_rate) | (s.since_speculated >= loop.adaptive.probe_every)
+        go = _worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
         return jax.lax.cond(go, speculate, fall_back, s, k_draft, k_step)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)

@@ -32,6 +32,10 @@ def test_speculation_that_cannot_pay_falls_back_to_plain_steps(target):
     got = engine.generate(prompts, 24)
     assert got.tokens == plain
     assert got.fallback_steps > 0 and got.verify_steps <= 1 + got.fallback_steps // 8  # the first step, then probes
+    # Probes that keep failing come ever more rarely (without the doubling: a probe every 2 steps, 8 or more).
+    sparse = SpeculativeDecoder(target, PromptLookup(num_draft=3), adaptive=Adaptive(probe_every=2, prior=0.0),
+                                costs=StepCosts.create(speculative=50.0)).generate(prompts, 24)  # fmt: skip
+    assert sparse.tokens == plain and sparse.verify_steps <= 4  # waits of 2, 4, 8, 16: 30 steps, 4 probes at most
     assert got.stats()["fallback_steps"] == got.fallback_steps
 
 
@@ -81,7 +85,8 @@ def test_sampled_output_of_an_adaptive_loop_has_the_target_distribution_with_neg
     drafter = DraftModel.from_model(peaked_model(seed=6, num_layers=1), target, num_draft=2)
 
     def p_value(verifier):
-        engine = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier), adaptive=Adaptive(probe_every=1),
+        policy = Adaptive(probe_every=1, max_probe_every=1)  # speculate, fall back, speculate
+        engine = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier), adaptive=policy,
                                     costs=StepCosts.create(speculative=2.5))  # fmt: skip
         result = engine.generate(prompts, 4, params, seed=2)
         assert result.fallback_steps == 1 and result.verify_steps == 2
@@ -103,6 +108,8 @@ def test_adaptive_options_are_checked(target):
         SpeculativeDecoder(target, PromptLookup(num_draft=2), costs=StepCosts.create(2.0))
     with pytest.raises(ValueError, match="probe_every"):
         Adaptive(probe_every=0)
+    with pytest.raises(ValueError, match="max_probe_every"):
+        Adaptive(probe_every=8, max_probe_every=4)
     with pytest.raises(ValueError, match="step costs must be > 0"):
         StepCosts.create(0.0)
 

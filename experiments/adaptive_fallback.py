@@ -1,0 +1,128 @@
+"""The adaptive engine against fixed speculation and plain decoding, on the real model, interleaved.
+
+    python experiments/adaptive_fallback.py [--prompts mt-bench,humaneval] [--limit 3] [--max-new-tokens 96]
+        [--temperatures 0] [--num-draft 5] [--out experiments/out] [--tiny]
+
+For each prompt set and temperature, every decoder runs every prompt at batch 1, taking turns
+prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding; prompt lookup and the
+shipped EAGLE-3 head with N drafts every step (fixed); the same drafters with the adaptive policy
+and the step costs of this machine's cost profile (:mod:`jspec.tune`, measured or reused); and,
+for the overhead of the adaptive machinery, the same with speculation made free (it then
+speculates every step, like the fixed loop, and differs only by its bookkeeping).
+
+Writes ``adaptive_fallback.json`` and ``adaptive_fallback.png`` (speedup over plain per decoder) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", default="mt-bench,humaneval")
+    parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--temperatures", default="0")
+    parser.add_argument("--num-draft", type=int, default=5)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
+    parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
+    args = parser.parse_args(argv)
+
+    from jspec.bench import run_interleaved
+    from jspec.cli import _enable_compilation_cache
+    from jspec.decode import Decoder
+    from jspec.drafters import make_drafter
+    from jspec.engine import Adaptive, SpeculativeDecoder, StepCosts
+    from jspec.models.hub import load_model
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+    from jspec.tune.costs import load_profile, measure_profile, profile_path, save_profile
+
+    _enable_compilation_cache()
+    if args.tiny:
+        args.prompts, args.limit, args.max_new_tokens, args.num_draft = "humaneval", 1, 16, 2
+    model, tokenizer = load_model(args.model)
+    eos = tokenizer.eos_token_ids
+    n = args.num_draft
+    drafters = {"ngram": make_drafter("ngram", model, num_draft=n)}
+    if not args.tiny:
+        drafters["eagle3"] = make_drafter("eagle3", model, num_draft=n, model_name=args.model)
+    names = {method: f"{method}:N={n}" for method in drafters}
+
+    path = profile_path(args.model, 1, dtype="float32")
+    profile = load_profile(path)
+    if profile is None or not set(names.values()) <= set(profile.drafters) or max(profile.forward_ms) < n + 1:
+        profile = measure_profile(model, args.model, {names[m]: d for m, d in drafters.items()}, max_k=max(8, n + 1))
+        if not args.tiny:
+            save_profile(profile, path)
+    costs = {m: StepCosts.from_profile(profile, names[m], n + 1) for m in drafters}
+    free = StepCosts.create(speculative=1e-3)
+
+    decoders = {"plain": Decoder(model, eos_ids=eos)}
+    for method, drafter in drafters.items():
+        decoders[f"{method} fixed"] = SpeculativeDecoder(model, drafter, eos_ids=eos)
+        decoders[f"{method} adaptive"] = SpeculativeDecoder(model, drafter, eos_ids=eos, adaptive=Adaptive(),
+                                                            costs=costs[method])  # fmt: skip
+        decoders[f"{method} adaptive, forced on"] = SpeculativeDecoder(model, drafter, eos_ids=eos,
+                                                                       adaptive=Adaptive(), costs=free)  # fmt: skip
+
+    results = {}
+    for name in args.prompts.split(","):
+        prompts = load_prompts(name, None, args.limit)
+        ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+        for t in (float(x) for x in args.temperatures.split(",")):
+            runs = run_interleaved(decoders, ids, args.max_new_tokens, SamplingParams.create(t))
+            base = runs["plain"]["tokens_per_s"]
+            for key, entry in runs.items():
+                entry["speedup"] = entry["tokens_per_s"] / base
+                results[f"{name}|T={t}|{key}"] = entry
+                extra = (
+                    f", fallback {entry['fallback_steps']} / verify {entry['verify_steps']}"
+                    if "tau" in entry and key != "plain"
+                    else ""
+                )
+                print(f"  {name} T={t} {key:<26} {entry['tokens_per_s']:7.2f} tokens/s  {entry['speedup']:.3f}x  "
+                      f"tau {entry['tau']:.2f}{extra}", file=sys.stderr)  # fmt: skip
+    report = {
+        "model": args.model,
+        "num_draft": n,
+        "max_new_tokens": args.max_new_tokens,
+        "profile": {"path": str(path), "step_ms": profile.step_ms, "relative_forward": {k: profile.relative_forward(k)
+                    for k in sorted(profile.forward_ms)}, "costs": {m: c.speculative.item() for m, c in costs.items()}},
+        "results": results,
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "adaptive_fallback.json").write_text(json.dumps(report, indent=1))
+    _plot(results, args.out / "adaptive_fallback.png")
+    return report
+
+
+def _plot(results: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({key.rsplit("|", 1)[0] for key in results})
+    methods = [m for m in dict.fromkeys(key.rsplit("|", 1)[1] for key in results) if m != "plain"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(methods) * len(cells) / 2), 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        xs = [c + i * width for c in range(len(cells))]
+        ax.bar(xs, [results[f"{cell}|{method}"]["speedup"] for cell in cells], width, label=method)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cells))], cells)
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
