@@ -33,6 +33,16 @@ def test_bench_spec_tiny(tmp_path, smollm2):
     assert (tmp_path / "bench_spec.json").exists()
 
 
+def test_adaptive_fallback_tiny(tmp_path, smollm2):
+    report = _load("adaptive_fallback").main(["--tiny", "--out", str(tmp_path)])
+    results = report["results"]
+    plain = results["humaneval|T=0.0|plain"]
+    for name in ("ngram fixed", "ngram adaptive", "ngram adaptive, forced on"):
+        assert results[f"humaneval|T=0.0|{name}"]["new_tokens"] == plain["new_tokens"] == 16
+    assert results["humaneval|T=0.0|ngram adaptive, forced on"]["fallback_steps"] == 0
+    assert (tmp_path / "adaptive_fallback.png").stat().st_size > 5_000
+
+
 def test_tree_toy_small(tmp_path):
     result = _load("tree_toy").main(["--vocab", "8", "--trials", "3000", "--mix", "0.6", "--out", str(tmp_path)])
     row = result["rows"][0]
