@@ -135,3 +135,42 @@ def test_tree_drafters_through_fallback_steps_keep_plain_greedy_output(target, k
     assert got.tokens == Decoder(target).generate(prompts, 24).tokens and got.fallback_steps > got.verify_steps
     if kind == "draft_model_tree":  # the target drafting: every path accepted to its leaf while in step
         assert got.acceptance_by_position() == [1.0, 1.0]
+
+
+def test_an_eagle_head_catches_up_on_deferred_fallback_steps_exactly(target):
+    """Three fallback steps kept in the head's backlog, then run through it at the next proposal, leave
+    the head where one commit of the same three tokens leaves it. Negative control: not caught up."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jspec.drafters import Context, EagleDrafter, Feedback
+    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.sampling import SamplingParams
+
+    head = DraftHead(HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=40), rngs=nnx.Rngs(1))
+    head.attach_target(target, draft_vocabulary(np.arange(V)[::-1], 40))
+    drafter = EagleDrafter.from_head(head, target, num_draft=3)
+    text, capacity, greedy = [11, 12, 13, 14, 15, 40, 41, 42, 43], 32, SamplingParams.greedy()
+    hidden = target(jnp.array([text]), jnp.arange(len(text))[None], target.init_cache(1, capacity),
+                    hidden_layers=drafter.hidden_layers).hidden_states  # fmt: skip
+
+    def ctx(length):  # the first `length` tokens of the text, the last one pending
+        history = jnp.zeros((1, capacity), jnp.int32).at[0, :length].set(jnp.array(text[:length]))
+        return Context(history, jnp.array([length]), jnp.array([length - 1]))
+
+    start = drafter.init(jnp.array([text[:5]]), ctx(6), capacity, greedy, tuple(h[:, :5] for h in hidden))
+    deferred = start
+    for i in range(3):  # the target consumed the token at position 5 + i
+        feedback = Feedback(jnp.zeros((1,), jnp.int32), tuple(h[:, 5 + i : 6 + i] for h in hidden), proposed=False)
+        deferred = drafter.commit(deferred, ctx(7 + i), feedback)
+    assert int(deferred.backlog_len[0]) == 3
+    at_once = drafter.commit(start, ctx(9), Feedback(jnp.array([2]), tuple(h[:, 5:8] for h in hidden)))
+    caught_up = drafter._flushed(nnx.merge(drafter.graphdef, drafter.weights), deferred, ctx(9))
+    np.testing.assert_allclose(caught_up.logits, at_once.logits, atol=1e-5)
+    np.testing.assert_allclose(caught_up.hidden, at_once.hidden, atol=1e-5)
+    key = jax.random.PRNGKey(0)
+    assert (
+        drafter.propose(deferred, ctx(9), key, greedy)[0].tokens
+        == drafter.propose(at_once, ctx(9), key, greedy)[0].tokens
+    ).all()
+    assert not np.allclose(deferred.logits, at_once.logits, atol=1e-5)  # before catching up, the head is behind

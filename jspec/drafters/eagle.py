@@ -10,6 +10,7 @@ forward while drafting: the engine hands over the target's features at commit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -26,11 +27,16 @@ from jspec.tree import DynamicTreeSpec, StaticTree, frontier_sizes
 __all__ = ["EagleDrafter"]
 
 
+BACKLOG = 16  # fallback steps whose features a head keeps before running them through itself at once
+
+
 @struct.dataclass
 class _EagleState:
     cache: KVCache  # the head's one-layer cache: one pair per committed target token
     logits: jax.Array  # float32[B, K]: the draft distribution's logits for the token after the pending one
     hidden: jax.Array  # [B, H]: the head's output at the last committed pair
+    backlog: tuple  # per feature layer [B, BACKLOG, H]: target features of fallback steps not yet fed
+    backlog_len: jax.Array  # int32[B]: how many; they start at the head cache's length
 
 
 @struct.dataclass(kw_only=True)
@@ -97,8 +103,27 @@ class EagleDrafter:
         cols = start[:, None] + 1 + jnp.arange(t)[None, :]
         tokens = jnp.take_along_axis(ctx.history, jnp.clip(cols, 0, ctx.history.shape[1] - 1), axis=1)
         h, cache = head(tokens, head.fuse(hidden), cols, state_cache.rollback(start), num_new=num_new)
-        last = jnp.take_along_axis(h, (num_new - 1)[:, None, None], axis=1)[:, 0]
-        return _EagleState(cache, head.logits(last), last)
+        last = jnp.take_along_axis(h, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)[:, 0]
+        b = tokens.shape[0]
+        backlog = tuple(jnp.zeros((b, BACKLOG, x.shape[-1]), x.dtype) for x in hidden)
+        return _EagleState(cache, head.logits(last), last, backlog, jnp.zeros((b,), jnp.int32))
+
+    def _flush(self, head, state: _EagleState, ctx: Context) -> _EagleState:
+        """Runs the backlog of fallback steps' pairs through the head in one forward (rows without
+        a backlog keep their state)."""
+        n = state.backlog_len
+        fed = self._pairs(head, state.cache, ctx, state.cache.lengths, state.backlog, n)
+        keep = n > 0
+        return _EagleState(
+            fed.cache.rollback(jnp.where(keep, fed.cache.lengths, state.cache.lengths)),
+            jnp.where(keep[:, None], fed.logits, state.logits),
+            jnp.where(keep[:, None], fed.hidden, state.hidden),
+            fed.backlog,
+            fed.backlog_len,
+        )
+
+    def _flushed(self, head, state: _EagleState, ctx: Context) -> _EagleState:
+        return jax.lax.cond(jnp.any(state.backlog_len > 0), lambda s: self._flush(head, s, ctx), lambda s: s, state)
 
     def init(self, prompts, ctx: Context, capacity: int, sampling: SamplingParams, hidden: tuple):
         head = nnx.merge(self.graphdef, self.weights)
@@ -110,6 +135,7 @@ class EagleDrafter:
 
     def propose(self, state: _EagleState, ctx: Context, key, sampling: SamplingParams):
         head = nnx.merge(self.graphdef, self.weights)
+        state = self._flushed(head, state, ctx)
         if self.tree is not None:
             return self._propose_tree(head, state, ctx), state
         d2t = head.d2t[...]
@@ -153,6 +179,20 @@ class EagleDrafter:
         (N + 1 tokens, or 1 for a plain step); ``num_accepted + 1`` of them are now committed.
         """
         head = nnx.merge(self.graphdef, self.weights)
+        if not feedback.proposed:  # a fallback step: keep its feature; the head catches up at the next proposal
+            return self._defer(head, state, ctx, feedback.hidden)
         n_new = feedback.num_accepted + 1
         start = jnp.maximum(ctx.cache_length - n_new, 0)  # the old pending token's position
         return self._pairs(head, state.cache, ctx, start, feedback.hidden, n_new)
+
+    def _defer(self, head, state: _EagleState, ctx: Context, hidden) -> _EagleState:
+        """Keeps the consumed token's features (live rows) in the backlog; a full backlog is run through
+        the head at once, so no fallback step pays for the head but one in ``BACKLOG``."""
+        live = ctx.cache_length > state.cache.lengths + state.backlog_len
+        slot = jax.nn.one_hot(state.backlog_len, BACKLOG, dtype=bool) & live[:, None]  # [B, BACKLOG]
+        backlog = tuple(
+            jnp.where(slot[:, :, None], h[:, :1], old) for h, old in zip(hidden, state.backlog, strict=True)
+        )
+        state = dataclasses.replace(state, backlog=backlog, backlog_len=state.backlog_len + live.astype(jnp.int32))
+        full = jnp.any(state.backlog_len >= BACKLOG)
+        return jax.lax.cond(full, lambda s: self._flush(head, s, ctx), lambda s: s, state)
