@@ -33,11 +33,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 
+    from jspec.adaptive import Adaptive, StepCosts
     from jspec.bench import run_interleaved
     from jspec.cli import _enable_compilation_cache
     from jspec.decode import Decoder
     from jspec.drafters import make_drafter
-    from jspec.engine import Adaptive, SpeculativeDecoder, StepCosts
+    from jspec.engine import SpeculativeDecoder
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams

@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
+from jspec.adaptive import Adaptive, StepCosts, worth_speculating
 from jspec.batching import LoopConfig, batch_inputs, compile_once
 from jspec.decode import prefill
 from jspec.drafters.base import Context, Feedback, TreeProposal, check_drafter
@@ -40,10 +41,7 @@ from jspec.sharding import check_mesh, replicate
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
-__all__ = [
-    "Adaptive", "LoopState", "SpecLoop", "SpeculativeDecoder", "StepCosts", "merge_drafter", "speculative_loop",
-    "split_drafter",
-]  # fmt: skip
+__all__ = ["LoopState", "SpecLoop", "SpeculativeDecoder", "merge_drafter", "speculative_loop", "split_drafter"]
 
 
 @struct.dataclass
@@ -63,64 +61,6 @@ class LoopState:
     since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the adaptive policy
     probe_interval: jax.Array  # int32[]: fallback steps before the next probe (doubles while probes fail)
     fallback_steps: jax.Array  # int32[]: plain steps the adaptive policy chose (counted in plain_steps too)
-
-
-@dataclasses.dataclass(frozen=True)
-class Adaptive:
-    """Fall back to plain steps where speculation does not pay (static knobs of the loop).
-
-    Attributes:
-      probe_every: after this many fallback steps in a row, speculate once to measure again.
-      max_probe_every: a probe that still finds speculation not worth it doubles the wait before
-        the next one, up to this many steps (a probe costs a whole speculative step); a probe
-        that finds it worth it resets the wait to ``probe_every``.
-      decay: the weight of the old estimate in each row's running mean of accepted drafts.
-      prior: the estimate a row starts from (drafts accepted per verify step); None starts at
-        N, so a request speculates until it has measured otherwise.
-    """
-
-    probe_every: int = 8
-    max_probe_every: int = 64
-    decay: float = 0.7
-    prior: float | None = None
-
-    def __post_init__(self):
-        if self.probe_every < 1 or not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"need probe_every >= 1 and 0 <= decay < 1; got {self.probe_every}, {self.decay}.")
-        if self.max_probe_every < self.probe_every:
-            raise ValueError(f"max_probe_every ({self.max_probe_every}) must be >= probe_every ({self.probe_every}).")
-        if self.prior is not None and self.prior < 0:
-            raise ValueError(f"prior (drafts accepted per step) must be >= 0; got {self.prior}.")
-
-
-@struct.dataclass
-class StepCosts:
-    """What one step costs, in plain one-token steps (arrays: changing them does not recompile).
-
-    Attributes:
-      speculative: float32[], a verify forward over the drafter's width and the drafter's propose
-        and commit (``r(W) + c``).
-      plain: float32[], a plain step with the drafter's commit (1 + what the drafter does to keep up).
-    """
-
-    speculative: jax.Array
-    plain: jax.Array
-
-    @classmethod
-    def create(cls, speculative: float, plain: float = 1.0) -> StepCosts:
-        if not speculative > 0 or not plain > 0:
-            raise ValueError(f"step costs must be > 0; got speculative {speculative}, plain {plain}.")
-        return cls(jnp.float32(speculative), jnp.float32(plain))
-
-    @classmethod
-    def from_profile(cls, profile, drafter_name: str, width: int) -> StepCosts:
-        """From a :class:`jspec.tune.CostProfile`: ``r(width)`` plus the drafter's propose and commit; a
-        plain step plus the drafter's commit."""
-        d = profile.drafters.get(drafter_name)
-        if d is None:
-            raise ValueError(f"the profile has no drafter {drafter_name!r}; it measured {sorted(profile.drafters)}.")
-        return cls.create(profile.relative_forward(width) + profile.relative_drafter(drafter_name),
-                          1.0 + d["commit_ms"] / profile.step_ms)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,13 +135,6 @@ def _emit(state: LoopState, tokens, count, max_new, eos_ids):
     num_generated = state.num_generated + count
     done = state.done | (live & (hit_eos | (num_generated >= max_new)))
     return out, num_generated, done
-
-
-def _worth_speculating(accepted_estimate, live, costs: StepCosts):
-    """Tokens per unit of time: speculating emits 1 + the accepted drafts per live row for the cost of
-    a speculative step, a plain step one token per live row for the cost of a plain step."""
-    spec_rate = jnp.sum(jnp.where(live, 1.0 + accepted_estimate, 0.0)) / costs.speculative
-    return spec_rate >= jnp.sum(live) / costs.plain
 
 
 def _split_logits(logits, width: int):
@@ -316,7 +249,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         else:
             decay = loop.adaptive.decay
             estimate = jnp.where(live, decay * s.accepted_estimate + (1 - decay) * a, s.accepted_estimate)
-            worth = _worth_speculating(estimate, live, costs)
+            worth = worth_speculating(estimate, live, costs)
             interval = jnp.where(worth, loop.adaptive.probe_every,
                                  jnp.minimum(2 * interval, loop.adaptive.max_probe_every))  # fmt: skip
         return dataclasses.replace(
@@ -368,7 +301,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
         if loop.adaptive is None:
             return speculate(s, k_draft, k_step)
-        go = _worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
+        go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
         return jax.lax.cond(go, speculate, fall_back, s, k_draft, k_step)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)

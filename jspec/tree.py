@@ -8,7 +8,8 @@ in the text is the root's position plus its depth) and whether it is used
 come before children in node order.
 
 The target scores all nodes in one forward, each node attending to the
-committed cache and to its own ancestors (:func:`ancestor_mask`).
+committed cache and to its own ancestors (:func:`ancestor_mask`). Drafters grow
+their trees with :mod:`jspec.drafters.unroll` (EAGLE-2's dynamic selection too).
 
 Verification (:func:`verify_tree`) walks down from the root. At a node u with
 target distribution q, its children x_1, x_2, ... (in node order) are tried
@@ -45,15 +46,11 @@ from jspec.sampling import sample
 from jspec.verify import acceptance_probability, residual_distribution
 
 __all__ = [
-    "DynamicTree",
     "DynamicTreeSpec",
     "StaticTree",
     "TreeVerdict",
     "ancestor_mask",
     "frontier_sizes",
-    "grow_dynamic_tree",
-    "grow_static_tree",
-    "select_dynamic_tree",
     "tree_attention_mask",
     "verify_tree",
     "verify_tree_batch",
@@ -319,144 +316,6 @@ def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, ma
     return jax.vmap(verify_tree, in_axes=(0, 0, 0, probs_axis, 0, 0, None))(
         tokens, parents, used, draft_probs, target_probs, keys, max_depth
     )
-
-
-def select_dynamic_tree(scores, parents, total: int):
-    """EAGLE-2's final pick: the ``total`` best candidates by score, renumbered into a tree.
-
-    Scores are cumulative draft log-probabilities, which only fall along a
-    path, so a kept node's ancestors score at least as high; ties are broken
-    toward earlier candidates, which are ancestors, so every kept node's
-    parent is kept.
-
-    Args:
-      scores: float32[C]; candidate 0 is the root (its score should be the highest, e.g. 0).
-      parents: int32[C]; parent candidate of each (earlier in candidate order).
-      total: nodes to keep, root included (static).
-
-    Returns:
-      (index int32[total] of the kept candidates in candidate order, parents int32[total]
-      as indices into the kept list).
-    """
-    c = scores.shape[0]
-    order = jnp.argsort(-scores, stable=True)[:total]
-    keep = jnp.sort(order)  # candidate order keeps parents before children
-    new_index = jnp.full((c,), 0, jnp.int32).at[keep].set(jnp.arange(total, dtype=jnp.int32))
-    new_parents = new_index[parents[keep]]
-    return keep, new_parents.at[0].set(0)
-
-
-@struct.dataclass
-class DynamicTree:
-    """EAGLE-2 trees, one per row.
-
-    Attributes:
-      tokens: int32[B, T]; node 0 is the root.
-      parents: int32[B, T]; parents before children.
-      depths: int32[B, T].
-      scores: float32[B, T]; cumulative draft log-probability (the root's is 0).
-    """
-
-    tokens: jax.Array
-    parents: jax.Array
-    depths: jax.Array
-    scores: jax.Array
-
-
-def grow_dynamic_tree(expand, state, root_token, root_logp, *, top_k: int, depth: int, total: int):
-    """EAGLE-2's dynamic draft tree for each row of a batch, with static shapes.
-
-    Depth 1 holds the ``top_k`` most likely tokens after the root. At each
-    further depth the ``top_k`` best nodes of the previous depth (the frontier,
-    by cumulative log-probability) are fed to the drafter and each gets its
-    ``top_k`` most likely children: ``top_k**2`` candidates, whose best
-    ``top_k`` are the next frontier. Every candidate may end in the tree: the
-    ``total`` best of them all (root included) are kept (:func:`select_dynamic_tree`).
-
-    Args:
-      expand: ``expand(state, tokens int32[B, K], parent_slot int32[B, K], d) -> (logp float32[B, K, V], state)``:
-        the drafter reads the frontier at depth d (``parent_slot[b, i]`` is the
-        index of node i's parent in the previous frontier, so that the drafter
-        can build its own ancestor mask and pick the parent's hidden state) and
-        returns each node's log-probabilities for the next token.
-      state: the drafter's state, threaded through ``expand``.
-      root_token: int32[B]; root_logp: float32[B, V], the drafter's log-probabilities after the root.
-      top_k, depth, total: static; ``total <= 1 + top_k + (depth - 1) * top_k**2``.
-
-    Returns:
-      (:class:`DynamicTree`, state).
-    """
-    k = top_k
-    most = 1 + k + (depth - 1) * k * k
-    if not 1 <= total <= most or k < 1 or depth < 1:
-        raise ValueError(
-            f"need top_k >= 1, depth >= 1 and 1 <= total <= 1 + top_k + (depth - 1) * top_k**2 = {most}; "
-            f"got top_k={k}, depth={depth}, total={total}."
-        )
-    b = root_logp.shape[0]
-    scores, tok = jax.lax.top_k(root_logp.astype(jnp.float32), k)
-    tok = tok.astype(jnp.int32)
-    cand_tokens = [jnp.asarray(root_token, jnp.int32)[:, None], tok]
-    cand_scores = [jnp.full((b, 1), jnp.inf, jnp.float32), scores]  # the root always stays
-    cand_parents = [jnp.zeros((b, 1 + k), jnp.int32)]
-    cand_depths = [jnp.zeros((b, 1), jnp.int32), jnp.ones((b, k), jnp.int32)]
-    frontier_idx = jnp.broadcast_to(1 + jnp.arange(k, dtype=jnp.int32), (b, k))  # candidate indices
-    frontier_tok, frontier_score = tok, scores
-    parent_slot = jnp.zeros((b, k), jnp.int32)
-    offset = 1 + k
-    for d in range(1, depth):
-        logp, state = expand(state, frontier_tok, parent_slot, d)
-        child_logp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, K, K]
-        child_scores = (frontier_score[:, :, None] + child_logp).reshape(b, k * k)
-        child_tok = child_tok.reshape(b, k * k).astype(jnp.int32)
-        cand_tokens.append(child_tok)
-        cand_scores.append(child_scores)
-        cand_parents.append(jnp.repeat(frontier_idx, k, axis=1))
-        cand_depths.append(jnp.full((b, k * k), d + 1, jnp.int32))
-        frontier_score, best = jax.lax.top_k(child_scores, k)
-        frontier_tok = jnp.take_along_axis(child_tok, best, axis=1)
-        parent_slot = (best // k).astype(jnp.int32)
-        frontier_idx = (offset + best).astype(jnp.int32)
-        offset += k * k
-    tokens, scores = jnp.concatenate(cand_tokens, 1), jnp.concatenate(cand_scores, 1)
-    parents, depths = jnp.concatenate(cand_parents, 1), jnp.concatenate(cand_depths, 1)
-    keep, new_parents = jax.vmap(select_dynamic_tree, in_axes=(0, 0, None))(scores, parents, total)
-    pick = lambda x: jnp.take_along_axis(x, keep, axis=1)  # noqa: E731
-    kept_scores = pick(scores).at[:, 0].set(0.0)
-    return DynamicTree(pick(tokens), new_parents, pick(depths), kept_scores), state
-
-
-def grow_static_tree(expand, state, root_token, root_logp, branching: Sequence[int]):
-    """A tree of fixed shape (:meth:`StaticTree.from_branching`) filled with the drafter's top choices.
-
-    Every node at depth d gets the ``branching[d]`` most likely tokens after it as
-    children; every node above the last depth is fed to the drafter (``expand``,
-    as in :func:`grow_dynamic_tree`). Node order is
-    ``StaticTree.from_branching(branching)``'s.
-
-    Returns:
-      (:class:`DynamicTree` with the static tree's parents and depths, state).
-    """
-    branching = [int(x) for x in branching]
-    shape = StaticTree.from_branching(branching)
-    b = root_logp.shape[0]
-    scores, tok = jax.lax.top_k(root_logp.astype(jnp.float32), branching[0])
-    all_tokens = [jnp.asarray(root_token, jnp.int32)[:, None], tok.astype(jnp.int32)]
-    all_scores = [jnp.zeros((b, 1), jnp.float32), scores]
-    frontier_tok, frontier_score = tok.astype(jnp.int32), scores
-    parent_slot = jnp.zeros((b, branching[0]), jnp.int32)
-    for d, width in enumerate(branching[1:], start=1):
-        logp, state = expand(state, frontier_tok, parent_slot, d)
-        child_logp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), width)  # [B, F, width]
-        f = frontier_tok.shape[1]
-        frontier_score = (frontier_score[:, :, None] + child_logp).reshape(b, f * width)
-        frontier_tok = child_tok.reshape(b, f * width).astype(jnp.int32)
-        parent_slot = jnp.broadcast_to(jnp.arange(f * width, dtype=jnp.int32) // width, (b, f * width))
-        all_tokens.append(frontier_tok)
-        all_scores.append(frontier_score)
-    parents, depths = (jnp.broadcast_to(jnp.asarray(x), (b, shape.size)) for x in shape.arrays())
-    tree = DynamicTree(jnp.concatenate(all_tokens, 1), parents, depths, jnp.concatenate(all_scores, 1))
-    return tree, state
 
 
 def tree_attention_mask(cache_lengths, ancestors, capacity: int):

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from tiny import peaked_model, tiny_model
 
+from jspec.adaptive import Adaptive, StepCosts
 from jspec.decode import Decoder
 from jspec.drafters import DraftModel, PromptLookup
 from jspec.drafters.draft_model import DraftModel as DraftModelClass
-from jspec.engine import Adaptive, SpeculativeDecoder, StepCosts
+from jspec.engine import SpeculativeDecoder
 
 V = 97
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jspec.drafters.unroll import grow_dynamic_tree, select_dynamic_tree
 from jspec.sampling import sample
-from jspec.tree import StaticTree, ancestor_mask, grow_dynamic_tree, select_dynamic_tree, verify_tree
+from jspec.tree import StaticTree, ancestor_mask, verify_tree
 
 V = 6  # toy vocabulary
 
