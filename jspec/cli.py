@@ -249,80 +249,6 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def _cmd_train(args) -> int:
-    import dataclasses
-    import pathlib
-
-    from jspec.models.hub import load_model
-    from jspec.training import Recipe, TrainConfig, train_head
-
-    for folder in args.extra_data:  # checked before the model loads
-        if not (pathlib.Path(folder) / "meta.json").is_file():
-            raise ValueError(f"--extra-data {folder} holds no finished data set (no meta.json); "
-                             "pass a --data folder of an earlier run.")  # fmt: skip
-    if args.init and not (pathlib.Path(args.init) / "head.json").is_file():
-        raise ValueError(f"--init {args.init} holds no saved head (no head.json); pass a folder jspec train wrote.")
-    if args.init and args.warm_start:
-        raise ValueError("--warm-start starts a new head from the target's weights and --init from a saved head; "
-                         "pass one of them.")  # fmt: skip
-    if args.tiny:
-        recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
-                                     warm_start=args.warm_start)  # fmt: skip
-    else:
-        warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
-        train = TrainConfig(
-            num_steps=1 if args.kind == "eagle1" else args.ttt_steps, batch_size=args.batch_size,
-            total_steps=args.steps, warmup_steps=warmup, learning_rate=args.lr,
-            checkpoint_every=args.checkpoint_every, seed=args.seed,
-        )  # fmt: skip
-        layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
-        recipe = Recipe(
-            args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
-            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
-            prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
-        )  # fmt: skip
-    # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
-    # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
-    model, tokenizer = load_model(args.model, layer_loop="scan" if args.tiny else None)
-    head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
-                              extra_data=args.extra_data, progress=not args.json, until=args.stop_after)  # fmt: skip
-    evaluation = None
-    if report["steps"] >= recipe.train.total_steps and args.eval_prompts:
-        evaluation = _evaluate_head(head, model, tokenizer, args)
-    out = {"out": str(args.out), "recipe": dataclasses.asdict(recipe), "report": report, "evaluation": evaluation}
-    if args.json:
-        print(json.dumps(out, default=str))
-    else:
-        final = report["final"] or {}
-        print(f"head: {args.out} ({report['steps']} steps, {report['examples']} examples, "
-              f"{report['response_tokens']} response tokens)")  # fmt: skip
-        if final:
-            print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
-            print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
-        if evaluation:
-            print(
-                f"held-out {evaluation['prompts']} prompts, N = {evaluation['num_draft']}: tau {evaluation['tau']:.2f}"
-            )
-    return 0
-
-
-def _evaluate_head(head, model, tokenizer, args) -> dict:
-    """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
-    from jspec.bench import run_prompts
-    from jspec.drafters import EagleDrafter
-    from jspec.engine import SpeculativeDecoder
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
-
-    prompts = load_prompts("mt-bench", None, args.eval_prompts)
-    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
-    decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
-    entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
-    return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
-            "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
-
-
 def _add_ngram(p) -> None:
     from jspec.drafters.factory import DEFAULTS
 
@@ -362,6 +288,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from jspec import __version__
+    from jspec.training.cli import add_train_command
+    from jspec.tune.cli import add_tune_commands
 
     parser = argparse.ArgumentParser(prog="jspec", description="Exact speculative decoding in JAX.")
     parser.add_argument("--version", action="version", version=f"jspec {__version__}")
@@ -455,127 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(fn=_cmd_bench)
 
-    p = sub.add_parser("tune", help="measure this machine's costs (profile) to choose a method from numbers")
-    tune = p.add_subparsers(dest="tune_command", required=True, metavar="WHAT")
-    p = tune.add_parser("profile", help="the target's k-token forward cost and each drafter's step cost, cached")
-    p.add_argument("--model", default="smollm2-135m", help="registry name or a Hugging Face model folder")
-    p.add_argument(
-        "--batch", type=_positive_int, default=1, help="rows per batch (measured at its power-of-two bucket)"
-    )
-    p.add_argument("--num-draft", default="1,2,3,4,5,6,7", help="chain lengths N to measure each drafter at")
-    p.add_argument("--trees", default="dynamic", help="trees to measure, separated by ';' (dynamic, 2,2,2, ...)")
-    p.add_argument("--head", default=None, help="an EAGLE-3 head's folder (default: the one shipped for --model)")
-    p.add_argument("--draft-model", default=None, help="a draft model to measure too (registry name or folder)")
-    p.add_argument("--max-k", type=_positive_int, default=8, help="measure target forwards of 1..K tokens at least")
-    p.add_argument("--force", action="store_true", help="measure again even when a cached profile covers the request")
-    _add_json(p)
-    p.set_defaults(fn=_cmd_tune_profile)
-
-    p = sub.add_parser("train", help="train a draft head (EAGLE-3 with training-time test, or EAGLE-1)")
-    p.add_argument("kind", choices=["eagle3", "eagle1"])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--out", required=True, help="folder for the head, its checkpoints and (by default) its data")
-    p.add_argument("--data", default=None, help="training data folder (made there once; default OUT/data)")
-    p.add_argument("--prompts", type=_positive_int, default=2000, help="training prompts to make")
-    p.add_argument("--prompt-source", choices=["stdlib", "self"], default="stdlib",
-                   help="stdlib: requests built from the standard library's docs; self: user turns written by the "
-                        "target itself (Magpie), none sharing 8 words with an evaluation prompt")  # fmt: skip
-    p.add_argument(
-        "--extra-data",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a data folder made by an earlier run (same model, layers, --seq-len) to train on too",
-    )
-    p.add_argument(
-        "--init",
-        default=None,
-        metavar="HEAD_DIR",
-        help="start from a saved head (fine-tuning; its draft vocabulary is kept)",
-    )
-    p.add_argument(
-        "--warm-start",
-        action="store_true",
-        help="start a new head's layer, fusion and output from the target's own weights (learns faster on little data)",
-    )
-    p.add_argument("--seq-len", type=_positive_int, default=256)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=192, help="response length when regenerating")
-    p.add_argument("--gen-batch", type=_positive_int, default=16)
-    p.add_argument("--draft-vocab", type=_positive_int, default=8192, help="K most frequent target tokens")
-    p.add_argument("--feature-layers", default=None, help="e.g. 2,15,27 (default: 2, L/2, L-3)")
-    p.add_argument("--steps", type=_positive_int, default=1000)
-    p.add_argument("--batch-size", type=_positive_int, default=8)
-    p.add_argument("--ttt-steps", type=_positive_int, default=7, help="training-time-test steps (1: none)")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: min(50, steps // 10))")
-    p.add_argument("--checkpoint-every", type=_positive_int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--eval-prompts", type=int, default=4, help="held-out MT-bench prompts for tau at the end")
-    p.add_argument("--eval-tokens", type=_positive_int, default=64)
-    p.add_argument("--num-draft", type=_positive_int, default=5)
-    p.add_argument("--tiny", action="store_true", help="a minute-long run on tiny settings (tests, notebooks)")
-    _add_json(p)
-    p.set_defaults(fn=_cmd_train)
+    add_tune_commands(sub, _positive_int, _add_json)
+    add_train_command(sub, _positive_int, _add_json)
     return parser
-
-
-def _cmd_tune_profile(args) -> int:
-    from jspec.models.hub import load_model
-    from jspec.tune.costs import (
-        load_profile,
-        measure_profile,
-        profile_drafters,
-        profile_path,
-        save_profile,
-        verify_widths,
-    )
-
-    num_drafts = _int_list(args.num_draft, "--num-draft")
-    trees = [t for t in args.trees.split(";") if t.strip()] if args.trees else []
-    model, _ = load_model(args.model)
-    dtype = str(jax_dtype(model))
-    path = profile_path(args.model, args.batch, dtype=dtype)
-    cached = None if args.force else load_profile(path)  # a damaged file is refused here, and kept
-    draft_model = load_model(args.draft_model)[0] if args.draft_model else None
-    drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=args.head,
-                                draft_model=draft_model)  # fmt: skip
-    max_k = max(verify_widths(drafters), args.max_k)
-    covers = cached is not None and set(drafters) <= set(cached.drafters) and max(cached.forward_ms) >= max_k
-    profile = cached if covers else measure_profile(model, args.model, drafters, batch=args.batch, max_k=max_k)
-    if not covers:
-        save_profile(profile, path)
-    if args.json:
-        print(json.dumps({"path": str(path), "cached": covers, "profile": profile.to_json()}))
-        return 0
-    how = "cached" if covers else f"measured in {profile.seconds:.0f} s"
-    print(f"{args.model} on {profile.backend} ({profile.device_kind}, {profile.dtype}, batch bucket {profile.batch}): "
-          f"{how}; {path}")  # fmt: skip
-    print(f"one target step {profile.step_ms:.1f} ms; r(k), a k-token forward over one step:")
-    print("  " + "  ".join(f"k={k}: {profile.relative_forward(k):.2f}" for k in sorted(profile.forward_ms)))
-    print("drafter cost per step (propose + commit), in target steps:")
-    for name in sorted(profile.drafters):
-        print(f"  {name:<24} {profile.relative_drafter(name):.3f}")
-    return 0
-
-
-def jax_dtype(model):
-    """The dtype of a model's weights."""
-    import jax
-    from flax import nnx
-
-    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
-    return leaves[0].dtype if leaves else "float32"
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} takes whole numbers separated by commas, e.g. 1,2,3; got {text!r}.") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag} takes whole numbers >= 1; got {text!r}.")
-    return values
 
 
 def _enable_compilation_cache() -> None:

@@ -34,7 +34,7 @@ from jspec.engine import merge_drafter, split_drafter
 from jspec.sampling import SamplingParams
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "forward_cost", "load_profile", "measure_profile",
-           "profile_path", "save_profile"]  # fmt: skip
+           "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
 
 PROFILE_VERSION = 1
 
@@ -239,7 +239,8 @@ def load_profile(path) -> CostProfile | None:
     return CostProfile.from_json(data, str(path))
 
 
-def _weights_dtype(model) -> str:
+def weights_dtype(model) -> str:
+    """The dtype of a model's weights, as a name (``float32``)."""
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     return str(leaves[0].dtype) if leaves else "float32"
 
@@ -267,7 +268,7 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
         model=model_name,
         backend=jax.default_backend(),
         device_kind=jax.devices()[0].device_kind,
-        dtype=_weights_dtype(target),
+        dtype=weights_dtype(target),
         batch=rows,
         context=context,
         forward_ms=forward,

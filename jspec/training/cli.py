@@ -1,0 +1,133 @@
+"""``jspec train``: a draft head trained end to end (the parser and the command; :mod:`jspec.cli` is the
+entry point)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_train_command"]
+
+
+def add_train_command(sub, positive_int, add_json) -> None:
+    """Registers ``jspec train`` on the command line's subparsers."""
+    p = sub.add_parser("train", help="train a draft head (EAGLE-3 with training-time test, or EAGLE-1)")
+    p.add_argument("kind", choices=["eagle3", "eagle1"])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", required=True, help="folder for the head, its checkpoints and (by default) its data")
+    p.add_argument("--data", default=None, help="training data folder (made there once; default OUT/data)")
+    p.add_argument("--prompts", type=positive_int, default=2000, help="training prompts to make")
+    p.add_argument("--prompt-source", choices=["stdlib", "self"], default="stdlib",
+                   help="stdlib: requests built from the standard library's docs; self: user turns written by the "
+                        "target itself (Magpie), none sharing 8 words with an evaluation prompt")  # fmt: skip
+    p.add_argument(
+        "--extra-data",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a data folder made by an earlier run (same model, layers, --seq-len) to train on too",
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="HEAD_DIR",
+        help="start from a saved head (fine-tuning; its draft vocabulary is kept)",
+    )
+    p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="start a new head's layer, fusion and output from the target's own weights (learns faster on little data)",
+    )
+    p.add_argument("--seq-len", type=positive_int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=192, help="response length when regenerating")
+    p.add_argument("--gen-batch", type=positive_int, default=16)
+    p.add_argument("--draft-vocab", type=positive_int, default=8192, help="K most frequent target tokens")
+    p.add_argument("--feature-layers", default=None, help="e.g. 2,15,27 (default: 2, L/2, L-3)")
+    p.add_argument("--steps", type=positive_int, default=1000)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--ttt-steps", type=positive_int, default=7, help="training-time-test steps (1: none)")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: min(50, steps // 10))")
+    p.add_argument("--checkpoint-every", type=positive_int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-after", type=positive_int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--eval-prompts", type=int, default=4, help="held-out MT-bench prompts for tau at the end")
+    p.add_argument("--eval-tokens", type=positive_int, default=64)
+    p.add_argument("--num-draft", type=positive_int, default=5)
+    p.add_argument("--tiny", action="store_true", help="a minute-long run on tiny settings (tests, notebooks)")
+    add_json(p)
+    p.set_defaults(fn=_cmd_train)
+
+
+def _cmd_train(args) -> int:
+    import dataclasses
+    import pathlib
+
+    from jspec.models.hub import load_model
+    from jspec.training import Recipe, TrainConfig, train_head
+
+    for folder in args.extra_data:  # checked before the model loads
+        if not (pathlib.Path(folder) / "meta.json").is_file():
+            raise ValueError(f"--extra-data {folder} holds no finished data set (no meta.json); "
+                             "pass a --data folder of an earlier run.")  # fmt: skip
+    if args.init and not (pathlib.Path(args.init) / "head.json").is_file():
+        raise ValueError(f"--init {args.init} holds no saved head (no head.json); pass a folder jspec train wrote.")
+    if args.init and args.warm_start:
+        raise ValueError("--warm-start starts a new head from the target's weights and --init from a saved head; "
+                         "pass one of them.")  # fmt: skip
+    if args.tiny:
+        recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
+                                     warm_start=args.warm_start)  # fmt: skip
+    else:
+        warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
+        train = TrainConfig(
+            num_steps=1 if args.kind == "eagle1" else args.ttt_steps, batch_size=args.batch_size,
+            total_steps=args.steps, warmup_steps=warmup, learning_rate=args.lr,
+            checkpoint_every=args.checkpoint_every, seed=args.seed,
+        )  # fmt: skip
+        layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
+        recipe = Recipe(
+            args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
+            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
+            prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
+        )  # fmt: skip
+    # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
+    # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
+    model, tokenizer = load_model(args.model, layer_loop="scan" if args.tiny else None)
+    head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
+                              extra_data=args.extra_data, progress=not args.json, until=args.stop_after)  # fmt: skip
+    evaluation = None
+    if report["steps"] >= recipe.train.total_steps and args.eval_prompts:
+        evaluation = _evaluate_head(head, model, tokenizer, args)
+    out = {"out": str(args.out), "recipe": dataclasses.asdict(recipe), "report": report, "evaluation": evaluation}
+    if args.json:
+        print(json.dumps(out, default=str))
+    else:
+        final = report["final"] or {}
+        print(f"head: {args.out} ({report['steps']} steps, {report['examples']} examples, "
+              f"{report['response_tokens']} response tokens)")  # fmt: skip
+        if final:
+            print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
+            print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
+        if evaluation:
+            print(
+                f"held-out {evaluation['prompts']} prompts, N = {evaluation['num_draft']}: tau {evaluation['tau']:.2f}"
+            )
+    return 0
+
+
+def _evaluate_head(head, model, tokenizer, args) -> dict:
+    """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
+    from jspec.bench import run_prompts
+    from jspec.drafters import EagleDrafter
+    from jspec.engine import SpeculativeDecoder
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+
+    prompts = load_prompts("mt-bench", None, args.eval_prompts)
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
+    decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
+    entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
+    return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
+            "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip
