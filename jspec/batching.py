@@ -93,6 +93,15 @@ def compile_once(cache: dict, key, jitted, args) -> tuple[object, float]:
     return cache[key], time.perf_counter() - t0
 
 
+def _host_lists(prompts):
+    """Arrays (a [B, T] array, or rows that are arrays) as Python lists; anything else unchanged."""
+    if isinstance(prompts, np.ndarray | jax.Array):
+        return np.asarray(prompts).tolist() if np.ndim(prompts) == 2 else prompts
+    if isinstance(prompts, Sequence) and not isinstance(prompts, str | bytes):
+        return [np.asarray(p).tolist() if isinstance(p, np.ndarray | jax.Array) else p for p in prompts]
+    return prompts
+
+
 def _is_token_list(prompt) -> bool:
     return isinstance(prompt, Sequence | np.ndarray) and not isinstance(prompt, str | bytes)
 
@@ -100,8 +109,9 @@ def _is_token_list(prompt) -> bool:
 def validate_prompts(prompts, max_new_tokens: int, vocab_size: int | None, max_position: int | None) -> None:
     """Raises ValueError, before anything is compiled, for requests that cannot run.
 
-    ``prompts`` is a batch: a list of token-id lists, one per row.
+    ``prompts`` is a batch: a list of token-id lists, one per row (numpy or JAX rows are read as lists).
     """
+    prompts = _host_lists(prompts)
     if isinstance(prompts, str | bytes):
         raise ValueError(
             "prompts must be a list of token-id lists; got a string. Tokenize it first "
@@ -183,7 +193,7 @@ def batch_inputs(
         raise ValueError(
             f"sampling must be a SamplingParams (SamplingParams.create(...)); got {type(sampling).__name__}."
         )
-    prompts = [[int(t) for t in p] for p in prompts]
+    prompts = [[int(t) for t in p] for p in _host_lists(prompts)]
     prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
     rows = padded_rows(mesh, len(prompts))
     padded, lengths = pad_prompts(prompts + [prompts[0]] * (rows - len(prompts)), prompt_len)

@@ -95,6 +95,15 @@ def test_bad_prompts_are_clear_errors_before_anything_compiles(target, prompts, 
             decoder.generate(prompts, 8)
 
 
+def test_array_prompts_are_read_as_token_lists(target):
+    import jax.numpy as jnp
+
+    want = jspec.Decoder(target).generate(PROMPTS, 6).tokens
+    rows = [jnp.asarray(PROMPTS[0]), np.asarray(PROMPTS[1], np.int32)]
+    assert jspec.Decoder(target).generate(rows, 6).tokens == want
+    assert jspec.Decoder(target).generate(jnp.asarray([PROMPTS[0][:3], PROMPTS[1]]), 6).tokens[1] == want[1]
+
+
 def test_every_result_has_tau_and_the_same_stats(target):
     plain = jspec.Decoder(target).generate(PROMPTS, 8)
     spec = jspec.SpeculativeDecoder(target, PromptLookup(num_draft=2)).generate(PROMPTS, 8)
