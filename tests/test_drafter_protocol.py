@@ -9,7 +9,7 @@ from tiny import tiny_model
 
 import jspec.engine
 from jspec.decode import Decoder
-from jspec.drafters import ChainProposal, Drafter, Feedback, Lookahead, PromptLookup
+from jspec.drafters import ChainProposal, Drafter, Lookahead, PromptLookup
 from jspec.engine import SpeculativeDecoder
 
 V = 97
@@ -103,8 +103,6 @@ def test_drafters_follow_the_protocol_and_carry_their_weights(target):
         assert isinstance(drafter, Drafter)
     assert jax.tree.leaves(lookup) == []  # all static
     assert len(jax.tree.leaves(draft)) > 0  # its weights travel as the loop's arguments
-    feedback = Feedback(jnp.zeros((1,), jnp.int32), ())
-    assert feedback.lookahead_logits is None
 
 
 def test_the_engine_refuses_what_is_no_drafter(target):

@@ -143,17 +143,11 @@ def make_drafter(
         from jspec.models.hub import shipped_head
 
         head = shipped_head(model_name, method)
-    drafter = EagleDrafter.from_head(head, target, num_draft=num_draft, tree=tree)
-    kind = head.config.kind if isinstance(head, DraftHead) else _saved_kind(head)
-    if kind != method:
-        raise ValueError(f"method {method!r} was asked for, but the head is an {kind} head; pass method={kind!r}.")
-    return drafter
+    if not isinstance(head, DraftHead):  # a folder: loaded once, its kind read from the loaded head
+        from jspec.heads import load_head
 
-
-def _saved_kind(folder) -> str:
-    import json
-    import pathlib
-
-    from jspec.heads import HEAD_META
-
-    return json.loads((pathlib.Path(folder) / HEAD_META).read_text())["config"]["kind"]
+        head = load_head(head, target)
+    if head.config.kind != method:
+        raise ValueError(f"method {method!r} was asked for, but the head is an {head.config.kind} head; "
+                         f"pass method={head.config.kind!r}.")  # fmt: skip
+    return EagleDrafter.from_head(head, target, num_draft=num_draft, tree=tree)
