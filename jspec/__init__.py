@@ -11,11 +11,14 @@ The usual entry points::
     drafter = jspec.make_drafter("ngram", model, num_draft=4)
     result = jspec.SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids).generate([ids], 64)
 
+    auto = jspec.Speculator("smollm2-135m", drafter="auto", config="tuned.json")  # from `jspec tune --out`
+
 The math (verification, speedup) is exported too. ``jspec.models`` (the ``models/`` folder of
 the repository, installed under jspec's name) holds the target model families and loaders.
 """
 
 from jspec.api import Completions, Speculator, make_decoder
+from jspec.auto import AutoDecoder
 from jspec.decode import Decoder
 from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup, make_drafter
 from jspec.engine import SpeculativeDecoder
@@ -23,6 +26,7 @@ from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, check_distribution, probs_from_logits, sample
 from jspec.speedup import best_num_draft, expected_alpha, expected_tokens, speedup
 from jspec.tree import DynamicTreeSpec, StaticTree
+from jspec.tune.tuned import Setting, TunedConfig, load_tuned
 from jspec.verify import (
     ChainVerdict,
     acceptance_probability,
@@ -45,6 +49,7 @@ def load_model(name_or_path: str, *, layer_loop: str | None = None):
 
 
 __all__ = [
+    "AutoDecoder",
     "ChainVerdict",
     "Completions",
     "Decoder",
@@ -55,15 +60,18 @@ __all__ = [
     "GenerationResult",
     "PromptLookup",
     "SamplingParams",
+    "Setting",
     "SpeculativeDecoder",
     "Speculator",
     "StaticTree",
+    "TunedConfig",
     "acceptance_probability",
     "best_num_draft",
     "check_distribution",
     "expected_alpha",
     "expected_tokens",
     "load_model",
+    "load_tuned",
     "make_decoder",
     "make_drafter",
     "probs_from_logits",

@@ -19,13 +19,29 @@ from jspec.sampling import SamplingParams
 __all__ = ["Completions", "Speculator", "make_decoder"]
 
 
-def make_decoder(method: str, target, *, eos_ids: tuple[int, ...] = (), mesh=None, **options):
-    """A :class:`jspec.Decoder` for "ar", else a :class:`jspec.SpeculativeDecoder` over
-    :func:`jspec.make_drafter`'s drafter (``options`` are its keyword arguments)."""
+def make_decoder(method: str, target, *, eos_ids: tuple[int, ...] = (), mesh=None, adaptive=None, costs=None,
+                 **options):  # fmt: skip
+    """A :class:`jspec.Decoder` for "ar"; a :class:`jspec.AutoDecoder` for "auto" (``options``: its
+    keyword arguments: ``config``, ``model_name``, ``workload``, ``head``, ``draft_model``); else a
+    :class:`jspec.SpeculativeDecoder` over :func:`jspec.make_drafter`'s drafter (``options`` are its
+    keyword arguments), adaptive when ``adaptive`` and ``costs`` are given."""
+    if method == "auto":
+        if adaptive is not None or costs is not None:
+            raise ValueError("method 'auto' chooses its own adaptive policy; pass no adaptive= or costs=.")
+        allowed = {"config", "model_name", "workload", "profile", "head", "draft_model"}
+        if set(options) - allowed:
+            raise ValueError(f"method 'auto' takes {sorted(allowed)}; got {sorted(set(options) - allowed)} too "
+                             "(it chooses N and the tree itself).")  # fmt: skip
+        from jspec.auto import AutoDecoder
+
+        return AutoDecoder(target, eos_ids=eos_ids, mesh=mesh, **options)
     if method == "ar":
         check_options([method])
+        if adaptive is not None or costs is not None:
+            raise ValueError("plain decoding (ar) has no adaptive policy; pass no adaptive= or costs=.")
         return Decoder(target, eos_ids=eos_ids, mesh=mesh)
-    return SpeculativeDecoder(target, make_drafter(method, target, **options), eos_ids=eos_ids, mesh=mesh)
+    drafter = make_drafter(method, target, **options)
+    return SpeculativeDecoder(target, drafter, eos_ids=eos_ids, mesh=mesh, adaptive=adaptive, costs=costs)
 
 
 @dataclasses.dataclass
@@ -57,12 +73,14 @@ class Speculator:
         or a loaded target model (then pass ``tokenizer``).
       tokenizer: the model's tokenizer, when ``model`` is a loaded model.
       drafter: a method name (``"eagle3"``, ``"eagle1"``, ``"ngram"``, ``"draft"``; ``"ar"`` or None
-        for plain decoding) built by :func:`jspec.make_drafter` with ``drafter_options``, or a drafter.
+        for plain decoding; ``"auto"``: what measured fastest, :class:`jspec.AutoDecoder`, with
+        ``config=`` a tuned config) built by :func:`jspec.make_decoder` with ``drafter_options``, or a drafter.
       model_name: the model's registry name, when ``model`` is a loaded model and the method
         should use the head shipped for it.
       mesh: split batches over these devices (:mod:`jspec.sharding`).
       drafter_options: :func:`jspec.make_drafter`'s keyword arguments (``num_draft``, ``tree``,
-        ``head``, ``draft_model``, ``ngram_min``, ``ngram_max``).
+        ``head``, ``draft_model``, ``ngram_min``, ``ngram_max``); for "auto", :class:`jspec.AutoDecoder`'s
+        (``config``, ``workload``, ``head``, ``draft_model``).
     """
 
     def __init__(self, model, tokenizer=None, *, drafter="eagle3", model_name: str | None = None, mesh=None,

@@ -13,26 +13,41 @@ from collections.abc import Mapping, Sequence
 from jspec.batching import bucket
 from jspec.results import GenerationResult
 
-__all__ = ["predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
+__all__ = ["batches", "predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
 
 
-def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> float:
+def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,
+            batch: int = 1) -> float:  # fmt: skip
     """Compiles and runs each length bucket's loop once, untimed; returns the compile seconds.
 
     The first run of a freshly compiled loop is slower (0.3-0.5 s more for SmolLM2
-    here), so benchmarks run one first, with a budget in the same bucket.
+    here), so benchmarks run one first, with a budget in the same bucket, at ``batch`` rows.
     """
     budget = min(max_new_tokens, bucket(max_new_tokens) // 2 + 1)
     seconds = 0.0
     for _, prompt in sorted({bucket(len(p)): p for p in prompt_ids}.items()):
-        seconds += decoder.generate([list(prompt)], budget, sampling, seed=seed).compile_seconds
+        seconds += decoder.generate([list(prompt)] * batch, budget, sampling, seed=seed).compile_seconds
     return seconds
 
 
+def batches(prompt_ids: Sequence[Sequence[int]], batch: int) -> list[list[list[int]]]:
+    """The prompts in batches of ``batch`` rows, in order; the last batch is filled up from the start
+    (every batch has the same number of rows, so one compiled loop serves them all)."""
+    if batch < 1 or not prompt_ids:
+        raise ValueError(f"need prompts and batch >= 1; got {len(prompt_ids)} prompts, batch {batch}.")
+    count = -(-len(prompt_ids) // batch)
+    return [[list(prompt_ids[(i * batch + j) % len(prompt_ids)]) for j in range(batch)] for i in range(count)]
+
+
 def run_interleaved(
-    decoders: Mapping[str, object], prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0
+    decoders: Mapping[str, object],
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling,
+    seed: int = 0,
+    batch: int = 1,
 ) -> dict[str, dict]:
-    """Every decoder on every prompt alone (batch 1), taking turns prompt by prompt.
+    """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
     Taking turns spreads drift in the machine's speed (it is shared) over all
     decoders alike, so their ratios stay meaningful. Each decoder is warmed up
@@ -40,25 +55,26 @@ def run_interleaved(
 
     Args:
       decoders: name -> a :class:`jspec.decode.Decoder` or :class:`jspec.engine.SpeculativeDecoder`.
-      prompt_ids: token ids per prompt; prompt i is generated with seed ``seed + i``.
+      prompt_ids: token ids per prompt; batch i is generated with seed ``seed + i``.
+      batch: rows per call (:func:`batches`).
 
     Returns:
       name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
       ``seconds`` (the loops alone), ``compile_seconds``, ``target_calls``, ``tokens_per_s``,
       ``tau`` (1.0 for plain decoding) and, for speculative decoders, ``verify_steps``,
-      ``plain_steps`` and ``acceptance_by_position``.
+      ``plain_steps`` and ``acceptance_by_position``; ``calls``, the number of batches run.
     """
     compile_s = {
-        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed) for name, decoder in decoders.items()
+        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch) for name, decoder in decoders.items()
     }
     runs = {name: [] for name in decoders}
-    for i, prompt in enumerate(prompt_ids):
+    for i, rows in enumerate(batches(prompt_ids, batch)):
         for name, decoder in decoders.items():
-            runs[name].append(decoder.generate([list(prompt)], max_new_tokens, sampling, seed=seed + i))
+            runs[name].append(decoder.generate(rows, max_new_tokens, sampling, seed=seed + i))
     totals = {name: GenerationResult.total(results) for name, results in runs.items()}
     for name, total in totals.items():
         total.compile_seconds += compile_s[name]
-    return {name: total.stats() for name, total in totals.items()}
+    return {name: total.stats() | {"calls": len(runs[name])} for name, total in totals.items()}
 
 
 def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> dict:

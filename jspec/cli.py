@@ -155,6 +155,19 @@ def _check_methods(args, methods) -> None:
     model is loaded."""
     from jspec.drafters.factory import check_options
 
+    if args.config and "auto" not in methods:
+        raise ValueError("--config (a tuned config) is read by method auto; add auto to the methods or drop --config.")
+    if "auto" in methods:
+        if args.config:
+            from jspec.tune.tuned import load_tuned
+
+            # a damaged file, another model's, or one without the temperature's band: refused before any model loads
+            load_tuned(args.config, model=args.model).choose(args.temperature)
+        if methods == ["auto"] and (args.num_draft is not None or args.tree != "chain"):
+            raise ValueError("method auto chooses N and the tree itself; drop --num-draft and --tree.")
+        methods = [m for m in methods if m != "auto"]
+        if not methods:
+            return
     if "draft" in methods and not args.draft_model:
         raise ValueError("method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
     if "ngram" in methods and args.ngram_min > args.ngram_max:
@@ -164,11 +177,15 @@ def _check_methods(args, methods) -> None:
     _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
 
 
-def _decoder(method, args, model, tokenizer, draft_model=None):
-    """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model or
-    an EAGLE head (``--head``, or the one shipped for ``--model``)."""
+def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
+    """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model,
+    an EAGLE head (``--head``, or the one shipped for ``--model``), or auto (``--config``, else the
+    config tuned for ``workload`` or last for the model, else the cost profile)."""
     from jspec.api import make_decoder
 
+    if method == "auto":
+        return make_decoder("auto", model, eos_ids=tokenizer.eos_token_ids, config=args.config, model_name=args.model,
+                            workload=workload, head=args.head, draft_model=draft_model or args.draft_model)  # fmt: skip
     return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, num_draft=args.num_draft, tree=_tree(args),
                         head=args.head, draft_model=draft_model or args.draft_model, ngram_min=args.ngram_min,
                         ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
@@ -197,8 +214,9 @@ def _cmd_generate(args) -> int:
     else:
         print(completion)
         tau = f", tau {result.tau:.2f}" if result.speculative else ""
+        ran = f"auto ran {result.setting} from the {decoder.source}; " if args.method == "auto" else ""
         print(
-            f"[{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
+            f"[{ran}{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
             f"compile {result.compile_seconds:.1f} s]",
             file=sys.stderr,
         )
@@ -214,11 +232,12 @@ def _cmd_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     _check_methods(args, methods)
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
-    prompts = load_prompts(args.prompts, args.category, args.limit)
+    prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
     model, tokenizer = load_model(args.model)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     draft_model = load_model(args.draft_model)[0] if "draft" in methods else None
-    decoders = {method: _decoder(method, args, model, tokenizer, draft_model) for method in methods}
+    workload = args.prompts + (f":{args.category}" if args.category else "")
+    decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload) for method in methods}
     results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed)
     for method, entry in results.items():
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
@@ -235,6 +254,7 @@ def _cmd_bench(args) -> int:
         "num_draft": _num_draft(args),
         "tree": args.tree,
         "draft_model": args.draft_model,
+        "skip": args.skip,
         "methods": results,
     }
     if args.json:
@@ -245,7 +265,8 @@ def _cmd_bench(args) -> int:
         print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
         for name, e in results.items():
             sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
-            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}")
+            ran = f"  (ran {e['setting']})" if name == "auto" else ""
+            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}{ran}")
     return 0
 
 
@@ -276,7 +297,7 @@ def _add_tree(p) -> None:
 def _methods() -> tuple[str, ...]:
     from jspec.drafters.factory import METHODS
 
-    return METHODS
+    return (*METHODS, "auto")
 
 
 def _positive_int(text: str) -> int:
@@ -347,8 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="ar",
         choices=_methods(),
         help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
-        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR)",
+        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR); auto: what measured fastest here "
+        "(a tuned config from jspec tune, else the cost profile with the adaptive fallback)",
     )
+    p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
     p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     _add_tree(p)
@@ -370,8 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
     )
+    p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
     p.add_argument("--category", default=None, help="only prompts of this category")
-    p.add_argument("--limit", type=_positive_int, default=8, help="the first K prompts")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first K prompts")
+    p.add_argument("--limit", type=_positive_int, default=8, help="the first K prompts (after --skip)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)

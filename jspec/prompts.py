@@ -49,11 +49,16 @@ def _spec_bench_style(lines) -> list[Prompt]:
     return out
 
 
-def load_prompts(source: str, category: str | None = None, limit: int | None = None) -> list[Prompt]:
+def load_prompts(source: str, category: str | None = None, limit: int | None = None, skip: int = 0) -> list[Prompt]:
     """Prompts from "mt-bench", "humaneval", "spec-bench" or a Spec-Bench style jsonl path.
 
+    Args:
+      category: only prompts of this category.
+      limit: at most this many prompts, after the first ``skip`` (of the category).
+      skip: leave out the first ``skip`` prompts (e.g. tune on a slice that a benchmark does not run).
+
     Raises:
-      ValueError: an unknown source or category, or a missing file.
+      ValueError: an unknown source or category, a missing file, an empty selection.
     """
     if source == "mt-bench":
         prompts = _spec_bench_style(_wheel_member(*_MT_BENCH).decode().splitlines())
@@ -76,8 +81,12 @@ def load_prompts(source: str, category: str | None = None, limit: int | None = N
         prompts = [p for p in prompts if p.category == category]
         if not prompts:
             raise ValueError(f"no prompts in category {category!r}; categories here: {', '.join(known)}.")
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1; got {limit}.")
-        prompts = prompts[:limit]
-    return prompts
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1; got {limit}.")
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0; got {skip}.")
+    selected = prompts[skip:][:limit]
+    if not selected:
+        raise ValueError(f"prompt set {source!r}{f' (category {category})' if category else ''} has "
+                         f"{len(prompts)} prompts; none are left after skipping {skip}.")  # fmt: skip
+    return selected

@@ -43,6 +43,7 @@ class GenerationResult:
       accept_hist: [N + 1] live verify rows by number of drafts accepted.
       cache_lengths: target tokens committed per row at the end (speculative runs).
       fallback_steps: plain steps an adaptive loop chose over speculating (in ``plain_steps`` too).
+      setting: what ran, when a decoder chose it (``--method auto``: "ar", "ngram:N=4+adaptive", ...).
     """
 
     tokens: list[list[int]]
@@ -57,6 +58,7 @@ class GenerationResult:
     accept_hist: list[int] = dataclasses.field(default_factory=list)
     cache_lengths: list[int] = dataclasses.field(default_factory=list)
     fallback_steps: int = 0
+    setting: str | None = None
 
     @property
     def speculative(self) -> bool:
@@ -89,6 +91,8 @@ class GenerationResult:
             "target_calls": self.target_calls,
             "tau": self.tau,
         }
+        if self.setting is not None:
+            out["setting"] = self.setting
         if self.speculative:
             out |= {
                 "acceptance_by_position": self.acceptance_by_position(),
@@ -120,4 +124,5 @@ class GenerationResult:
             accept_hist=np.sum(hists, axis=0).tolist() if hists else [],
             cache_lengths=[n for r in results for n in r.cache_lengths],
             fallback_steps=sum(r.fallback_steps for r in results),
+            setting=" / ".join(dict.fromkeys(r.setting for r in results if r.setting)) or None,
         )

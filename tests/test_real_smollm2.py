@@ -173,3 +173,20 @@ def test_prompt_lookup_greedy_equals_plain_greedy(smollm2):
     result = spec.generate(prompts, 48)
     assert result.tokens == plain.tokens
     assert result.verify_steps > 0 and result.tau > 1.0
+
+
+def test_auto_with_a_tuned_config_keeps_plain_greedy_output(smollm2):
+    """--method auto on the real model: the tuned setting (prompt lookup, adaptive) runs and is exact."""
+    from jspec import AutoDecoder, TunedConfig
+    from jspec.tune.tuned import Recommendation, Setting
+
+    model, tok = smollm2
+    setting = Setting("ngram", num_draft=4, adaptive=True, costs=(1.4, 1.0))
+    config = TunedConfig("smollm2-135m", model.config.vocab_size, "cpu", "cpu", "float32", {"prompts": "test"},
+                         [Recommendation("greedy", 1, setting, 0.0, 1.2, 1.2)])  # fmt: skip
+    auto = AutoDecoder(model, eos_ids=tok.eos_token_ids, config=config, model_name="smollm2-135m")
+    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this code:\n{code}"}]))
+    plain = Decoder(model, eos_ids=tok.eos_token_ids).generate([prompt], 40)
+    result = auto.generate([prompt], 40)
+    assert result.setting == setting.name and result.tokens == plain.tokens and result.verify_steps > 0

@@ -1,16 +1,38 @@
-"""``jspec tune``: the machine's cost profile (the parser and the command; :mod:`jspec.cli` is the entry point)."""
+"""``jspec tune``: the workload tuner, and ``jspec tune profile``, the machine's cost profile (the parsers
+and the commands; :mod:`jspec.cli` is the entry point)."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 __all__ = ["add_tune_commands"]
 
 
 def add_tune_commands(sub, positive_int, add_json) -> None:
-    """Registers ``jspec tune profile`` on the command line's subparsers."""
-    p = sub.add_parser("tune", help="measure this machine's costs (profile) to choose a method from numbers")
-    tune = p.add_subparsers(dest="tune_command", required=True, metavar="WHAT")
+    """Registers ``jspec tune`` and ``jspec tune profile`` on the command line's subparsers."""
+    p = sub.add_parser("tune", help="measure what pays on this machine and workload; recommend a setting")
+    p.add_argument("--model", default="smollm2-135m", help="registry name or a Hugging Face model folder")
+    p.add_argument("--prompts", default=None, help="the workload: mt-bench, humaneval, spec-bench or a jsonl path")
+    p.add_argument("--category", default=None, help="only prompts of this category")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first K prompts (keep them for evaluation)")
+    p.add_argument("--limit", type=positive_int, default=4, help="prompts to tune on")
+    p.add_argument("--max-new-tokens", type=positive_int, default=96)
+    p.add_argument("--temperature", default="0,1",
+                   help="temperatures to tune for, at most one per band (T = 0; 0 < T <= 0.7; T > 0.7)")  # fmt: skip
+    p.add_argument("--batch", default="1", help="batch sizes to tune for, e.g. 1,8")
+    p.add_argument("--num-draft", default="1,2,3,4,5,6,7", help="chain lengths N to consider")
+    p.add_argument("--trees", default="dynamic", help="trees to consider, separated by ';' (dynamic, 2,2,2, ...)")
+    p.add_argument("--head", default=None, help="an EAGLE-3 head's folder (default: the one shipped for --model)")
+    p.add_argument("--draft-model", default=None, help="a draft model to consider (registry name or folder)")
+    p.add_argument("--verify-top", type=positive_int, default=2, help="measure this many best predicted settings")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the tuned config here too (jspec generate --config FILE)")
+    p.add_argument("--plot", default=None, help="a PNG of predicted against measured speedup per candidate")
+    add_json(p)
+    p.set_defaults(fn=_cmd_tune)
+    tune = p.add_subparsers(dest="tune_command", required=False, metavar="[profile]")
     p = tune.add_parser("profile", help="the target's k-token forward cost and each drafter's step cost, cached")
     p.add_argument("--model", default="smollm2-135m", help="registry name or a Hugging Face model folder")
     p.add_argument("--batch", type=positive_int, default=1, help="rows per batch (measured at its power-of-two bucket)")
@@ -26,34 +48,20 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
 
 def _cmd_tune_profile(args) -> int:
     from jspec.models.hub import load_model
-    from jspec.tune.costs import (
-        load_profile,
-        measure_profile,
-        profile_drafters,
-        profile_path,
-        save_profile,
-        verify_widths,
-        weights_dtype,
-    )
+    from jspec.tune.costs import ensure_profile, profile_drafters
 
     num_drafts = _int_list(args.num_draft, "--num-draft")
-    trees = [t for t in args.trees.split(";") if t.strip()] if args.trees else []
+    trees = _trees(args.trees)
     model, _ = load_model(args.model)
-    dtype = weights_dtype(model)
-    path = profile_path(args.model, args.batch, dtype=dtype)
-    cached = None if args.force else load_profile(path)  # a damaged file is refused here, and kept
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=args.head,
                                 draft_model=draft_model)  # fmt: skip
-    max_k = max(verify_widths(drafters), args.max_k)
-    covers = cached is not None and set(drafters) <= set(cached.drafters) and max(cached.forward_ms) >= max_k
-    profile = cached if covers else measure_profile(model, args.model, drafters, batch=args.batch, max_k=max_k)
-    if not covers:
-        save_profile(profile, path)
+    profile, path, cached = ensure_profile(model, args.model, drafters, batch=args.batch, max_k=args.max_k,
+                                           force=args.force)  # fmt: skip
     if args.json:
-        print(json.dumps({"path": str(path), "cached": covers, "profile": profile.to_json()}))
+        print(json.dumps({"path": str(path), "cached": cached, "profile": profile.to_json()}))
         return 0
-    how = "cached" if covers else f"measured in {profile.seconds:.0f} s"
+    how = "cached" if cached else f"measured in {profile.seconds:.0f} s"
     print(f"{args.model} on {profile.backend} ({profile.device_kind}, {profile.dtype}, batch bucket {profile.batch}): "
           f"{how}; {path}")  # fmt: skip
     print(f"one target step {profile.step_ms:.1f} ms; r(k), a k-token forward over one step:")
@@ -62,6 +70,141 @@ def _cmd_tune_profile(args) -> int:
     for name in sorted(profile.drafters):
         print(f"  {name:<24} {profile.relative_drafter(name):.3f}")
     return 0
+
+
+def _cmd_tune(args) -> int:
+    """Probe, predict, measure and recommend for each batch size and temperature asked."""
+    from jspec.drafters.factory import check_options
+    from jspec.models.hub import load_model, shipped_head
+    from jspec.prompts import load_prompts
+    from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
+    from jspec.tune.tuned import BANDS, TunedConfig, band_of, save_tuned, tuned_path
+    from jspec.tune.workload import available_families, tune_cell
+
+    if args.prompts is None:
+        raise ValueError("jspec tune needs --prompts SET|PATH (the workload to tune for), or the profile command.")
+    temperatures = _float_list(args.temperature, "--temperature")
+    bands = [band_of(t) for t in temperatures]
+    if len(set(bands)) < len(bands):
+        raise ValueError(f"--temperature takes at most one temperature per band ({'; '.join(BANDS.values())}); "
+                         f"got {args.temperature!r}.")  # fmt: skip
+    batches = sorted(set(_int_list(args.batch, "--batch")))
+    num_drafts = _int_list(args.num_draft, "--num-draft")
+    trees = _trees(args.trees)
+    for tree in trees:
+        check_options(["eagle3"], tree=tree)  # a malformed tree is refused before anything loads
+    prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(args.model)
+    head = args.head
+    if head is None:
+        try:
+            head = shipped_head(args.model, "eagle3")
+        except ValueError:
+            head = None
+    if head is not None:
+        from jspec.heads import load_head
+
+        head = load_head(head, model)  # read once, for every probe and candidate
+    draft_model = load_model(args.draft_model)[0] if args.draft_model else None
+    families = available_families(head=head, draft_model=draft_model)
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    eos = tokenizer.eos_token_ids
+    drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=head,
+                                draft_model=draft_model)  # fmt: skip
+    recs, rows, profiles, cache = [], [], {}, {}
+    for batch in batches:
+        profile, path, cached = ensure_profile(model, args.model, drafters, batch=batch)
+        profiles[batch] = {"path": str(path), "cached": cached}
+        print(f"cost profile at batch {batch}: {'cached' if cached else 'measured'} ({path})", file=sys.stderr)
+        for t in temperatures:
+            rec, table = tune_cell(model, eos, ids, temperature=t, batch=batch, profile=profile,
+                                   max_new_tokens=args.max_new_tokens, families=families, num_drafts=num_drafts,
+                                   trees=trees, model_name=args.model, head=head, draft_model=draft_model,
+                                   verify_top=args.verify_top, seed=args.seed, cache=cache)  # fmt: skip
+            recs.append(rec)
+            rows.extend(table)
+    workload = {"prompts": args.prompts, "category": args.category, "skip": args.skip, "limit": len(prompts),
+                "max_new_tokens": args.max_new_tokens, "head": args.head, "draft_model": args.draft_model}  # fmt: skip
+    config = TunedConfig(model=args.model, vocab_size=model.config.vocab_size, backend=profile.backend,
+                         device_kind=profile.device_kind, dtype=weights_dtype(model), workload=workload,
+                         recommendations=recs, candidates=rows, seconds=time.perf_counter() - t0)  # fmt: skip
+    key = args.prompts + (f":{args.category}" if args.category else "")
+    saved = [save_tuned(config, tuned_path(args.model, dtype=config.dtype, workload=w)) for w in (key, None)]
+    if args.out:
+        saved.append(save_tuned(config, args.out))
+    if args.plot:
+        _plot(rows, args.plot, f"{args.model} on {key} ({len(prompts)} prompts)")
+    if args.json:
+        print(json.dumps({"config": config.to_json(), "saved": [str(s) for s in saved], "profiles": profiles}))
+        return 0
+    _print_table(config)
+    print(f"tuned in {config.seconds:.0f} s; saved to " + ", ".join(str(s) for s in saved))
+    return 0
+
+
+def _print_table(config) -> None:
+    from jspec.tune.tuned import BANDS
+
+    cells = {}
+    for row in config.candidates:
+        cells.setdefault((row["batch"], row["temperature"]), []).append(row)
+    for (batch, t), rows in cells.items():
+        print(f"\nT = {t} ({BANDS[rows[0]['band']]}), batch {batch}: speedup over plain decoding")
+        print(f"  {'candidate':<28} {'predicted':>9} {'measured':>9} {'tau':>6}  acceptance at 1, 2, 3")
+        for r in sorted(rows, key=lambda r: -r["predicted_speedup"]):
+            measured = f"{r['measured_speedup']:.3f}x" if "measured_speedup" in r else "-"
+            tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+            acc = ", ".join(f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:3])
+            mark = " <- recommended" if r["recommended"] else ""
+            print(f"  {r['name']:<28} {r['predicted_speedup']:>8.3f}x {measured:>9} {tau:>6}  {acc}{mark}")
+    print()
+    for rec in config.recommendations:
+        print(f"recommended for {BANDS[rec.band]}, batch {rec.batch}: {rec.setting.name} "
+              f"(measured {rec.measured_speedup:.2f}x plain, predicted {rec.predicted_speedup:.2f}x)")  # fmt: skip
+
+
+def _plot(rows, path, title) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in rows if "measured_speedup" in r and r["name"] != "ar"]  # plain is 1 by definition
+    fig, ax = plt.subplots(figsize=(7, 6))
+    cells = sorted({(r["batch"], r["temperature"]) for r in measured})
+    for i, cell in enumerate(cells):
+        pts = [r for r in measured if (r["batch"], r["temperature"]) == cell]
+        ax.scatter([r["predicted_speedup"] for r in pts], [r["measured_speedup"] for r in pts], color=f"C{i}",
+                   label=f"batch {cell[0]}, T = {cell[1]}")  # fmt: skip
+        for r in pts:
+            ax.annotate(r["name"], (r["predicted_speedup"], r["measured_speedup"]), fontsize=7, alpha=0.8,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    lo = min(min(r["predicted_speedup"], r["measured_speedup"]) for r in measured) * 0.9
+    hi = max(max(r["predicted_speedup"], r["measured_speedup"]) for r in measured) * 1.1
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="grey", alpha=0.15,
+                    label="within 15%")  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.6)
+    ax.set(xlabel="predicted speedup over plain decoding", ylabel="measured speedup", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _trees(text: str | None) -> list[str]:
+    return [t.strip() for t in text.split(";") if t.strip()] if text else []
+
+
+def _float_list(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes numbers separated by commas, e.g. 0,1; got {text!r}.") from None
+    if not values or any(not v >= 0 or v == float("inf") for v in values):
+        raise ValueError(f"{flag} takes finite numbers >= 0; got {text!r}.")
+    return values
 
 
 def _int_list(text: str, flag: str) -> list[int]:

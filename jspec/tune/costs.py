@@ -33,8 +33,8 @@ from jspec.drafters.base import Context, Feedback, check_drafter
 from jspec.engine import merge_drafter, split_drafter
 from jspec.sampling import SamplingParams
 
-__all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "forward_cost", "load_profile", "measure_profile",
-           "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
+__all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
+           "measure_profile", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
 
 PROFILE_VERSION = 1
 
@@ -286,6 +286,21 @@ def save_profile(profile: CostProfile, path) -> pathlib.Path:
     tmp.write_text(json.dumps(profile.to_json(), indent=1))
     tmp.replace(path)
     return path
+
+
+def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, batch: int = 1, max_k: int = 8,
+                   force: bool = False) -> tuple[CostProfile, pathlib.Path, bool]:  # fmt: skip
+    """The cached profile when it covers ``drafters`` and forwards of ``max_k`` tokens, else a new one
+    measured and cached; returns (profile, its path, whether it was cached). A damaged cached file is
+    refused (and kept), unless ``force``."""
+    max_k = max(verify_widths(drafters), max_k)
+    path = profile_path(model_name, batch, dtype=weights_dtype(target))
+    cached = None if force else load_profile(path)
+    if cached is not None and set(drafters) <= set(cached.drafters) and max(cached.forward_ms) >= max_k:
+        return cached, path, True
+    profile = measure_profile(target, model_name, drafters, batch=batch, max_k=max_k)
+    save_profile(profile, path)
+    return profile, path, False
 
 
 def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7), trees=("dynamic",),

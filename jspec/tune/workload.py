@@ -1,0 +1,200 @@
+"""The workload half of the tuner: acceptance on the user's prompts, predicted speed, measured speed.
+
+For one batch size and one temperature, :func:`tune_cell`
+
+1. runs plain decoding and one *probe* per drafter family, interleaved prompt by prompt: each
+   chain family at its longest N (the acceptance at every shorter N follows from the same
+   steps: a chain of N accepts ``min(a, N)`` where the longest accepted ``a``), each tree as
+   itself;
+2. predicts tokens/s for every candidate (method, N or tree) from those counts and the machine's
+   cost profile (:mod:`jspec.tune.costs`), in plain steps measured on the same prompts:
+   ``time = step * (verify steps * (r(width) + c) + no-draft steps * (1 + search))``, with the
+   verify steps at N scaled from the probe's by the tokens each step emits;
+3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
+   decoding again, interleaved, and recommends the fastest measured; plain decoding unless a
+   drafter beats it by :data:`MARGIN` (speculation must never make a user slower).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from jspec.tune.tuned import Recommendation, Setting, band_of
+
+__all__ = ["MARGIN", "available_families", "pick", "predict", "tokens_per_verify", "tune_cell"]
+
+MARGIN = 1.02  # a drafter is recommended only when measured at least this much faster than plain decoding
+PLAIN = Setting("ar")
+
+
+def available_families(*, head=None, draft_model=None) -> list[str]:
+    """The drafter families a workload can try: prompt lookup always; EAGLE-3 with a head; the draft model."""
+    return ["ngram"] + (["eagle3"] if head is not None else []) + (["draft"] if draft_model is not None else [])
+
+
+def _probes(families: Sequence[str], num_drafts: Sequence[int], trees: Sequence[str]) -> list[Setting]:
+    """One chain at the longest N per family, and each tree a family drafts (as itself)."""
+    from jspec.drafters.factory import parse_tree
+    from jspec.tree import StaticTree
+
+    out = []
+    for family in families:
+        out.append(Setting(family, num_draft=max(num_drafts)))
+        for tree in trees:
+            static = isinstance(parse_tree(tree), StaticTree)
+            if family == "eagle3" or (family == "draft" and static):
+                out.append(Setting(family, tree=tree))
+    return out
+
+
+def tokens_per_verify(acceptance_by_position: Sequence[float], num_draft: int) -> float:
+    """Tokens a verify step emits per row with a chain of ``num_draft``: the bonus token plus the
+    drafts accepted, ``1 + sum_i P(a >= i)``, from the acceptance at each position of a longer chain."""
+    if num_draft > len(acceptance_by_position):
+        raise ValueError(f"acceptance was measured at {len(acceptance_by_position)} positions, not {num_draft}.")
+    return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance_by_position[:num_draft], np.float64))))
+
+
+def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
+    """Predicted tokens/s of ``setting`` from its family's probe run and the cost profile.
+
+    Args:
+      setting: a chain at N <= the probe's N, or the probe's own tree.
+      probe: the probe's :func:`jspec.bench.run_interleaved` entry (acceptance, steps, tokens) with
+        ``verify_width``, the tokens of one verify forward.
+      plain: plain decoding's entry on the same prompts: one plain step (its prefills spread over its
+        steps, as the speculative loop's over its own) is the unit of time.
+      profile: the :class:`jspec.tune.CostProfile` at this batch bucket, with ``setting.shape`` measured.
+    """
+    step = plain["seconds"] / max(plain["target_calls"] - plain["calls"], 1)  # one prefill per call
+    verify, no_draft = probe["verify_steps"], probe["plain_steps"]
+    search = profile.drafters[setting.shape]["propose_ms"] / profile.step_ms if setting.method == "ngram" else 0.0
+    if setting.tree is None:
+        acceptance = probe["acceptance_by_position"]
+        verify *= tokens_per_verify(acceptance, len(acceptance)) / tokens_per_verify(acceptance, setting.num_draft)
+        width = setting.num_draft + 1
+    else:
+        width = probe["verify_width"]
+    units = verify * (profile.relative_forward(width) + profile.relative_drafter(setting.shape))
+    units += no_draft * (1.0 + search)  # steps where prompt lookup found nothing: a plain step and the search
+    return probe["new_tokens"] / (step * units)
+
+
+def _decoder(setting: Setting, target, eos, *, model_name, head, draft_model):
+    from jspec.api import make_decoder
+
+    extra = {"head": head} if setting.method.startswith("eagle") else {}
+    extra |= {"draft_model": draft_model} if setting.method == "draft" else {}
+    return make_decoder(setting.method, target, eos_ids=eos, model_name=model_name, **setting.options(), **extra)
+
+
+def _width(decoder) -> int:
+    d = decoder.drafter
+    return (d.num_nodes or d.num_draft + 1) + d.num_lookahead
+
+
+def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profile, max_new_tokens: int,
+              families: Sequence[str], num_drafts: Sequence[int] = tuple(range(1, 8)),
+              trees: Sequence[str] = ("dynamic",),
+              model_name: str | None = None, head=None, draft_model=None, verify_top: int = 2, seed: int = 0,
+              log=None, cache: dict | None = None) -> tuple[Recommendation, list[dict]]:  # fmt: skip
+    """Probe, predict, measure and recommend for one temperature at one batch size.
+
+    ``cache``: decoders by setting, kept across calls (a loop compiles once per decoder, and the
+    temperature is an argument, not part of the compiled program).
+
+    Returns:
+      (the recommendation, one row per candidate: ``name``, ``predicted_speedup``, and where
+      measured ``measured_speedup``, ``tau``, ``acceptance_by_position``, ``round`` ("probe" or "verify")).
+    """
+    from jspec.adaptive import StepCosts
+    from jspec.bench import run_interleaved
+    from jspec.sampling import SamplingParams
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    sampling = SamplingParams.create(temperature)
+    cache = {} if cache is None else cache
+
+    def decoder(setting):
+        if setting not in cache:
+            cache[setting] = _decoder(setting, target, eos, model_name=model_name, head=head, draft_model=draft_model)
+        return cache[setting]
+
+    probes = _probes(families, num_drafts, trees)
+    missing = [s.shape for s in probes if s.shape not in profile.drafters]
+    if missing:
+        raise ValueError(f"the cost profile lacks {missing}; measure them: jspec tune profile --force ...")
+    decoders = {s.name: decoder(s) for s in (PLAIN, *probes)}
+    log(f"  T = {temperature}, batch {batch}: probing {', '.join(decoders)} ...")
+    first = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch)
+    for s in probes:
+        first[s.name]["verify_width"] = _width(decoders[s.name])
+    plain_rate = first[PLAIN.name]["tokens_per_s"]
+
+    rows = {PLAIN.name: {"name": PLAIN.name, "setting": PLAIN, "predicted_speedup": 1.0}}
+    for probe in probes:
+        family_probe = first[probe.name]
+        shapes = [probe] if probe.tree else [Setting(probe.method, num_draft=n) for n in sorted(num_drafts)]
+        for s in shapes:
+            rate = predict(s, family_probe, first[PLAIN.name], profile)
+            rows[s.name] = {"name": s.name, "setting": s, "predicted_speedup": rate / plain_rate}
+    for name, entry in first.items():
+        _measured(rows[name], entry, plain_rate, "probe")
+
+    ranked = sorted((r for r in rows.values() if r["setting"] != PLAIN), key=lambda r: -r["predicted_speedup"])
+    chosen = [r["setting"] for r in ranked[:verify_top]]
+    if ranked:
+        best = ranked[0]["setting"]
+        costs = StepCosts.from_profile(profile, best.shape, _width_of(best, first))
+        adaptive = dataclasses.replace(best, adaptive=True, costs=(costs.speculative.item(), costs.plain.item()))
+        fixed_rate = ranked[0]["predicted_speedup"]
+        rows[adaptive.name] = {"name": adaptive.name, "setting": adaptive,
+                               "predicted_speedup": max(fixed_rate, 1.0 / costs.plain.item())}  # fmt: skip
+        chosen.append(adaptive)
+    decoders = {s.name: decoder(s) for s in (PLAIN, *chosen)}
+    log(f"  T = {temperature}, batch {batch}: measuring {', '.join(decoders)} ...")
+    second = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch)
+    plain_rate = second[PLAIN.name]["tokens_per_s"]
+    for name, entry in second.items():
+        _measured(rows[name], entry, plain_rate, "verify")
+
+    top = pick([rows[name] for name in second])
+    rec = Recommendation(band_of(temperature), batch, top["setting"], float(temperature),
+                         top["measured_speedup"], top["predicted_speedup"])  # fmt: skip
+    table = [{k: v for k, v in r.items() if k != "setting"} | {"temperature": float(temperature), "batch": batch,
+             "band": band_of(temperature), "recommended": r is top} for r in rows.values()]  # fmt: skip
+    return rec, table
+
+
+def pick(measured: Sequence[dict], margin: float = MARGIN) -> dict:
+    """The fastest measured row (``setting``, ``measured_speedup``), or plain decoding's row unless a
+    drafter measured at least ``margin`` times plain: a near tie goes to plain decoding, which costs
+    nothing to compile and cannot lose."""
+    plain = [r for r in measured if r["setting"] == PLAIN]
+    if not plain:
+        raise ValueError("plain decoding must be measured beside the candidates.")
+    top = max(measured, key=lambda r: r["measured_speedup"])
+    return top if top["measured_speedup"] >= margin * plain[0]["measured_speedup"] else plain[0]
+
+
+def _width_of(setting: Setting, first: dict) -> int:
+    if setting.tree is not None:
+        return first[setting.name]["verify_width"]
+    return setting.num_draft + 1
+
+
+def _measured(row: dict, entry: dict, plain_rate: float, stage: str) -> None:
+    row |= {
+        "measured_speedup": entry["tokens_per_s"] / plain_rate,
+        "tokens_per_s": entry["tokens_per_s"],
+        "tau": entry["tau"],
+        "round": stage,
+        "compile_seconds": entry["compile_seconds"],
+    }
+    if "acceptance_by_position" in entry:
+        row["acceptance_by_position"] = entry["acceptance_by_position"]
+        row["fallback_steps"] = entry.get("fallback_steps", 0)

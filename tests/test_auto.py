@@ -1,0 +1,206 @@
+"""The workload tuner and --method auto: predictions, the recommendation rule, tuned configs and their
+bad inputs, and the auto decoder's exactness (tiny models; the real-model run is in BENCHMARKS.md)."""
+
+import dataclasses
+import json
+
+import pytest
+from tiny import tiny_model
+
+from jspec import AutoDecoder, Decoder, SamplingParams
+from jspec.cli import main
+from jspec.drafters import PromptLookup
+from jspec.tune.costs import CostProfile, measure_profile
+from jspec.tune.tuned import Recommendation, Setting, TunedConfig, band_of, load_tuned, save_tuned
+from jspec.tune.workload import MARGIN, PLAIN, pick, predict, tokens_per_verify, tune_cell
+
+EOS = (3,)
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12, 9, 10, 11]]  # repetitive: prompt lookup finds matches
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("qwen2", seed=0)
+
+
+def _config(recs, vocab=97, model="tiny"):
+    return TunedConfig(model=model, vocab_size=vocab, backend="cpu", device_kind="cpu", dtype="float32",
+                       workload={"prompts": "toy"}, recommendations=recs)  # fmt: skip
+
+
+def _rec(band, setting, batch=1, t=0.0):
+    return Recommendation(band, batch, setting, t, 1.0, 1.0)
+
+
+def test_bands_and_settings():
+    assert [band_of(t) for t in (0, 1e-6, 0.7, 0.71, 2.0)] == ["greedy", "low", "low", "high", "high"]
+    s = Setting("ngram", num_draft=3, adaptive=True, costs=(1.4, 1.0))
+    assert s.name == "ngram:N=3+adaptive" and s.shape == "ngram:N=3"
+    assert Setting.from_json(json.loads(json.dumps(s.to_json()))) == s
+    assert Setting("eagle3", tree="dynamic").name == "eagle3:tree=dynamic"
+    for bad, message in [
+        (dict(method="ar", num_draft=2), "takes no num_draft"),
+        (dict(method="ngram"), "exactly one of num_draft"),
+        (dict(method="ngram", num_draft=2, tree="dynamic"), "exactly one of num_draft"),
+        (dict(method="ngram", num_draft=0), ">= 1"),
+        (dict(method="ngram", num_draft=2, adaptive=True), "needs its step costs"),
+        (dict(method="medusa", num_draft=2), "unknown method 'medusa'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Setting(**bad)
+
+
+def test_a_tuned_config_chooses_by_band_and_nearest_batch(tmp_path):
+    a, b, c = Setting("ngram", num_draft=5), Setting("ngram", num_draft=2), PLAIN
+    config = _config([_rec("greedy", a), _rec("greedy", b, batch=8), _rec("high", c, t=1.0)])
+    assert config.choose(0.0, 1).setting == a and config.choose(0.0, 2).setting == a
+    assert config.choose(0.0, 6).setting == b and config.choose(0.0, 64).setting == b
+    assert config.choose(1.5, 1).setting == c
+    with pytest.raises(
+        ValueError, match=r"no samples for temperature 0.5 \(band 0 < T <= 0.7; it measured T = 0, T > "
+    ):
+        config.choose(0.5)
+    path = save_tuned(config, tmp_path / "t.json")
+    assert load_tuned(path, model="tiny", vocab_size=97) == config
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"version": 1, "model": "tiny"', "corrupt or truncated"),
+        ('{"version": 7}', "not a jspec tuned config of version 1"),
+        ("[]", "not a jspec tuned config"),
+        ("GOOD|recommendations=[]", "holds no recommendations"),
+        ("GOOD|band=hot", "unknown temperature band 'hot'"),
+        ("GOOD|method=medusa", "unknown method 'medusa'"),
+        ("GOOD|vocab_size=x", "vocab_size must be a whole number"),
+    ],
+)
+def test_a_damaged_tuned_config_is_refused_naming_the_file_and_kept(tmp_path, text, message):
+    path = tmp_path / "tuned.json"
+    if text.startswith("GOOD|"):
+        data = _config([_rec("greedy", Setting("ngram", num_draft=2))]).to_json()
+        key, value = text[5:].split("=")
+        if key == "recommendations":
+            data[key] = []
+        elif key == "band":
+            data["recommendations"][0]["band"] = value
+        elif key == "method":
+            data["recommendations"][0]["setting"]["method"] = value
+        else:
+            data[key] = value
+        text = json.dumps(data)
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as err:
+        load_tuned(path)
+    assert str(path) in str(err.value) and path.read_text() == text
+
+
+def test_a_tuned_config_for_another_model_or_vocabulary_is_refused(tmp_path, target):
+    path = save_tuned(_config([_rec("greedy", PLAIN)], vocab=500), tmp_path / "t.json")
+    with pytest.raises(ValueError, match=r"vocabulary 500.*vocabulary of 97"):
+        AutoDecoder(target, config=path)
+    with pytest.raises(ValueError, match="tuned for tiny, not other"):
+        load_tuned(path, model="other")
+
+
+def test_the_tokens_a_chain_emits_follow_from_acceptance_at_each_position():
+    acc = [0.5, 0.5, 0.0]
+    assert tokens_per_verify(acc, 1) == 1.5 and tokens_per_verify(acc, 2) == 1.75 and tokens_per_verify(acc, 3) == 1.75
+    with pytest.raises(ValueError, match="measured at 3 positions, not 4"):
+        tokens_per_verify(acc, 4)
+
+
+def test_a_prediction_is_the_probe_s_tokens_over_its_steps_in_measured_costs():
+    profile = CostProfile("tiny", "cpu", "cpu", "float32", 1, 32, {1: 10.0, 2: 12.0, 3: 15.0},
+                          {"ngram:N=1": {"propose_ms": 1.0, "commit_ms": 0.0},
+                           "ngram:N=2": {"propose_ms": 1.0, "commit_ms": 0.0}})  # fmt: skip
+    plain = {"seconds": 10.0, "target_calls": 101, "calls": 1}  # 100 plain steps: 0.1 s each
+    probe = {"acceptance_by_position": [0.5, 0.5], "verify_steps": 40, "plain_steps": 10, "new_tokens": 80}
+    # N = 2: 40 verify steps x (r(3) 1.5 + lookup 0.1) + 10 plain steps x (1 + 0.1) = 75 steps = 7.5 s
+    assert predict(Setting("ngram", num_draft=2), probe, plain, profile) == pytest.approx(80 / 7.5)
+    # N = 1: each verify step emits 1.5 tokens instead of 1.75: 40 x 1.75 / 1.5 steps x (1.2 + 0.1) + 11
+    assert predict(Setting("ngram", num_draft=1), probe, plain, profile) == pytest.approx(
+        80 / (0.1 * (40 * 1.75 / 1.5 * 1.3 + 11))
+    )
+
+
+def test_plain_decoding_is_recommended_unless_a_drafter_measures_clearly_faster():
+    rows = [{"setting": PLAIN, "measured_speedup": 1.0}, {"setting": Setting("ngram", num_draft=3)}]
+    rows[1]["measured_speedup"] = MARGIN - 0.005
+    assert pick(rows)["setting"] == PLAIN
+    rows[1]["measured_speedup"] = MARGIN + 0.005
+    assert pick(rows)["setting"] == rows[1]["setting"]
+    with pytest.raises(ValueError, match="plain decoding must be measured"):
+        pick(rows[1:])
+
+
+def test_tune_cell_probes_predicts_measures_and_recommends_on_a_tiny_model(target):
+    drafters = {f"ngram:N={n}": PromptLookup(num_draft=n, min_ngram=1) for n in (1, 2, 3)}
+    profile = measure_profile(target, "tiny", drafters, max_k=4, context=32, repeats=2)
+    logs = []
+    rec, rows = tune_cell(target, EOS, PROMPTS, temperature=0.0, batch=1, profile=profile, max_new_tokens=12,
+                          families=["ngram"], num_drafts=(1, 2, 3), trees=(), verify_top=1,
+                          log=logs.append)  # fmt: skip
+    by_name = {r["name"]: r for r in rows}
+    assert {"ar", "ngram:N=1", "ngram:N=2", "ngram:N=3"} <= set(by_name) and len(logs) == 2
+    assert all(0 < by_name[f"ngram:N={n}"]["predicted_speedup"] < 10 for n in (1, 2, 3))
+    probe = by_name["ngram:N=3"]  # the probe: measured, with acceptance at every position
+    assert len(probe["acceptance_by_position"]) == 3 and probe["tau"] >= 1.0
+    measured = [r for r in rows if "measured_speedup" in r]
+    assert any(r["name"].endswith("+adaptive") for r in measured)  # the best one, also with the fallback
+    assert rec.band == "greedy" and rec.setting.name in {r["name"] for r in measured}
+    assert sum(r["recommended"] for r in rows) == 1
+
+
+def test_auto_follows_the_config_per_band_and_keeps_greedy_output(target):
+    spec = Setting("ngram", num_draft=2, adaptive=True, costs=(1.3, 1.0))
+    auto = AutoDecoder(target, eos_ids=EOS, config=_config([_rec("greedy", spec), _rec("high", PLAIN, t=1.0)]))
+    plain = Decoder(target, eos_ids=EOS).generate(PROMPTS, 16, SamplingParams.greedy())
+    out = auto.generate(PROMPTS, 16, SamplingParams.greedy())
+    assert out.setting == spec.name and out.tokens == plain.tokens and out.speculative
+    hot = auto.generate(PROMPTS, 4, SamplingParams.create(1.0))
+    assert hot.setting == "ar" and not hot.speculative
+    with pytest.raises(ValueError, match=r"no samples for temperature 0\.3"):
+        auto.generate(PROMPTS, 4, SamplingParams.create(0.3))
+
+
+def test_auto_without_a_config_speculates_adaptively_from_the_cost_profile(target):
+    drafters = {"ngram:N=4": PromptLookup(num_draft=4)}
+    profile = measure_profile(target, "tiny", drafters, max_k=5, context=32, repeats=2)
+    auto = AutoDecoder(target, eos_ids=EOS, profile=profile)
+    assert auto.config is None and auto.source.startswith("cost profile")
+    setting = auto.choose(0.0, 1)
+    assert setting.method == "ngram" and setting.adaptive and setting.num_draft == 4
+    spec = profile.relative_forward(5) + profile.relative_drafter("ngram:N=4")
+    assert setting.costs[0] == pytest.approx(spec, rel=1e-5)
+    plain = Decoder(target, eos_ids=EOS).generate(PROMPTS, 12, SamplingParams.greedy())
+    assert auto.generate(PROMPTS, 12, SamplingParams.greedy()).tokens == plain.tokens
+
+
+def test_tune_and_auto_refuse_bad_input_before_loading_anything(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cases = [
+        (["tune", "--prompts", "mt-bench", "--temperature", "0.2,0.5"], "at most one temperature per band"),
+        (["tune", "--prompts", "mt-bench", "--temperature", "-1"], "finite numbers >= 0"),
+        (["tune", "--prompts", "mt-bench", "--batch", "0"], "whole numbers >= 1"),
+        (["tune", "--prompts", str(empty)], "has 0 prompts"),
+        (["tune", "--prompts", "mt-bench", "--trees", "2,x"], "tree must be"),
+        (["tune"], "needs --prompts"),
+        (["bench", "--methods", "ar,auto,fast"], "unknown method"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        main(["tune", "--prompts", "mt-bench", "--limit", "0"])
+    bad = tmp_path / "tuned.json"
+    bad.write_text('{"version": 1, "mo')
+    assert main(["generate", "--method", "auto", "--config", str(bad), "--prompt", "hi"]) == 2
+    assert "corrupt or truncated" in capsys.readouterr().err and bad.read_text() == '{"version": 1, "mo'
+    good = save_tuned(dataclasses.replace(_config([_rec("greedy", PLAIN)]), model="smollm2-135m"), tmp_path / "g.json")
+    assert main(["generate", "--method", "auto", "--config", str(good), "--temperature", "1", "--prompt", "hi"]) == 2
+    assert "no samples for temperature 1.0" in capsys.readouterr().err
+    assert main(["generate", "--method", "ngram", "--config", str(good), "--prompt", "hi"]) == 2
+    assert "read by method auto" in capsys.readouterr().err
