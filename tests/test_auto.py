@@ -115,13 +115,13 @@ def test_a_prediction_is_the_probe_s_tokens_over_its_steps_in_measured_costs():
     profile = CostProfile("tiny", "cpu", "cpu", "float32", 1, 32, {1: 10.0, 2: 12.0, 3: 15.0},
                           {"ngram:N=1": {"propose_ms": 1.0, "commit_ms": 0.0},
                            "ngram:N=2": {"propose_ms": 1.0, "commit_ms": 0.0}})  # fmt: skip
-    plain = {"seconds": 10.0, "target_calls": 101, "calls": 1}  # 100 plain steps: 0.1 s each
+    plain = {"seconds": 11.0, "target_calls": 101, "calls": 1, "prefill_seconds": 1.0}  # 100 steps of 0.1 s
     probe = {"acceptance_by_position": [0.5, 0.5], "verify_steps": 40, "plain_steps": 10, "new_tokens": 80}
-    # N = 2: 40 verify steps x (r(3) 1.5 + lookup 0.1) + 10 plain steps x (1 + 0.1) = 75 steps = 7.5 s
-    assert predict(Setting("ngram", num_draft=2), probe, plain, profile) == pytest.approx(80 / 7.5)
+    # N = 2: 40 verify steps x (r(3) 1.5 + lookup 0.1) + 10 plain steps x (1 + 0.1) = 75 steps = 7.5 s + 1 s
+    assert predict(Setting("ngram", num_draft=2), probe, plain, profile) == pytest.approx(80 / 8.5)
     # N = 1: each verify step emits 1.5 tokens instead of 1.75: 40 x 1.75 / 1.5 steps x (1.2 + 0.1) + 11
     assert predict(Setting("ngram", num_draft=1), probe, plain, profile) == pytest.approx(
-        80 / (0.1 * (40 * 1.75 / 1.5 * 1.3 + 11))
+        80 / (1.0 + 0.1 * (40 * 1.75 / 1.5 * 1.3 + 11))
     )
 
 

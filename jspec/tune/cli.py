@@ -26,6 +26,8 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--trees", default="dynamic", help="trees to consider, separated by ';' (dynamic, 2,2,2, ...)")
     p.add_argument("--head", default=None, help="an EAGLE-3 head's folder (default: the one shipped for --model)")
     p.add_argument("--draft-model", default=None, help="a draft model to consider (registry name or folder)")
+    p.add_argument("--methods", default=None,
+                   help="only these drafter families (ngram, eagle3, draft); default every one available")  # fmt: skip
     p.add_argument("--verify-top", type=positive_int, default=2, help="measure this many best predicted settings")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the tuned config here too (jspec generate --config FILE)")
@@ -93,11 +95,21 @@ def _cmd_tune(args) -> int:
     trees = _trees(args.trees)
     for tree in trees:
         check_options(["eagle3"], tree=tree)  # a malformed tree is refused before anything loads
+    wanted = None
+    if args.methods:
+        wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = sorted(set(wanted) - {"ngram", "eagle3", "draft"})
+        if unknown or not wanted:
+            raise ValueError(f"--methods takes drafter families among ngram, eagle3, draft; got {args.methods!r}.")
+        if "draft" in wanted and not args.draft_model:
+            raise ValueError("--methods draft needs --draft-model NAME.")
     prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
     head = args.head
-    if head is None:
+    if wanted is not None and "eagle3" not in wanted:
+        head = None
+    elif head is None:
         try:
             head = shipped_head(args.model, "eagle3")
         except ValueError:
@@ -107,7 +119,12 @@ def _cmd_tune(args) -> int:
 
         head = load_head(head, model)  # read once, for every probe and candidate
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
+    if wanted is not None and "draft" not in wanted:
+        draft_model = None
     families = available_families(head=head, draft_model=draft_model)
+    if wanted is not None and set(wanted) - set(families):
+        raise ValueError(f"--methods {args.methods}: {sorted(set(wanted) - set(families))} not available for "
+                         f"{args.model} (eagle3 needs a shipped head or --head DIR).")  # fmt: skip
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     eos = tokenizer.eos_token_ids
     drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=head,

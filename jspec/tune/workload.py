@@ -8,8 +8,9 @@ For one batch size and one temperature, :func:`tune_cell`
    itself;
 2. predicts tokens/s for every candidate (method, N or tree) from those counts and the machine's
    cost profile (:mod:`jspec.tune.costs`), in plain steps measured on the same prompts:
-   ``time = step * (verify steps * (r(width) + c) + no-draft steps * (1 + search))``, with the
-   verify steps at N scaled from the probe's by the tokens each step emits;
+   ``time = prefill + step * (verify steps * (r(width) + c) + no-draft steps * (1 + search))``,
+   with the verify steps at N scaled from the probe's by the tokens each step emits (the
+   prefills measured apart, as plain calls with a budget of one token);
 3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
    decoding again, interleaved, and recommends the fastest measured; plain decoding unless a
    drafter beats it by :data:`MARGIN` (speculation must never make a user slower).
@@ -66,11 +67,13 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
       setting: a chain at N <= the probe's N, or the probe's own tree.
       probe: the probe's :func:`jspec.bench.run_interleaved` entry (acceptance, steps, tokens) with
         ``verify_width``, the tokens of one verify forward.
-      plain: plain decoding's entry on the same prompts: one plain step (its prefills spread over its
-        steps, as the speculative loop's over its own) is the unit of time.
+      plain: plain decoding's entry on the same prompts, with ``prefill_seconds``, what the same
+        calls take with a budget of one token (the prefills): the rest over its steps is one plain
+        step, the unit of time.
       profile: the :class:`jspec.tune.CostProfile` at this batch bucket, with ``setting.shape`` measured.
     """
-    step = plain["seconds"] / max(plain["target_calls"] - plain["calls"], 1)  # one prefill per call
+    prefill = plain["prefill_seconds"]
+    step = (plain["seconds"] - prefill) / max(plain["target_calls"] - plain["calls"], 1)  # one prefill per call
     verify, no_draft = probe["verify_steps"], probe["plain_steps"]
     search = profile.drafters[setting.shape]["propose_ms"] / profile.step_ms if setting.method == "ngram" else 0.0
     if setting.tree is None:
@@ -81,7 +84,7 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
         width = probe["verify_width"]
     units = verify * (profile.relative_forward(width) + profile.relative_drafter(setting.shape))
     units += no_draft * (1.0 + search)  # steps where prompt lookup found nothing: a plain step and the search
-    return probe["new_tokens"] / (step * units)
+    return probe["new_tokens"] / (prefill + step * units)
 
 
 def _decoder(setting: Setting, target, eos, *, model_name, head, draft_model):
@@ -131,6 +134,8 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
     decoders = {s.name: decoder(s) for s in (PLAIN, *probes)}
     log(f"  T = {temperature}, batch {batch}: probing {', '.join(decoders)} ...")
     first = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch)
+    prefills = run_interleaved({PLAIN.name: decoders[PLAIN.name]}, prompt_ids, 1, sampling, seed=seed, batch=batch)
+    first[PLAIN.name]["prefill_seconds"] = prefills[PLAIN.name]["seconds"]
     for s in probes:
         first[s.name]["verify_width"] = _width(decoders[s.name])
     plain_rate = first[PLAIN.name]["tokens_per_s"]
