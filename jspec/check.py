@@ -113,7 +113,7 @@ def make_distributions(key: jax.Array, num_draft: int, vocab: int, distance: flo
     return p, q
 
 
-def verify_chain_without_residual(draft_tokens, draft_probs, target_probs, key, pad_id=0):
+def verify_chain_without_residual(draft_tokens, draft_probs, target_probs, key, pad_id=0, num_drafts=None):
     """A deliberately wrong verifier for negative controls.
 
     It corrects a rejection with a draw from q instead of the residual
@@ -122,10 +122,10 @@ def verify_chain_without_residual(draft_tokens, draft_probs, target_probs, key, 
     """
     del pad_id
     n = draft_tokens.shape[0]
-    verdict = verify_chain(draft_tokens, draft_probs, target_probs, key)
+    verdict = verify_chain(draft_tokens, draft_probs, target_probs, key, num_drafts=num_drafts)
     k = verdict.num_accepted
     redraw = sample(jax.random.fold_in(key, 7), target_probs[k])
-    rejected = k < n
+    rejected = k < (n if num_drafts is None else num_drafts)
     tokens = jnp.where(rejected & (jnp.arange(n + 1) == k), redraw, verdict.tokens).astype(jnp.int32)
     return dataclasses.replace(verdict, tokens=tokens)
 

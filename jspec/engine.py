@@ -227,7 +227,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         if isinstance(proposal, TreeProposal):
             verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
         else:
-            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys)
+            counts = {} if proposal.num_drafts is None else {"num_drafts": proposal.num_drafts}
+            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys, **counts)
         live = ~s.done
         a = jnp.where(live, verdict.num_accepted, 0)
         emitted = jnp.where(live, verdict.num_emitted, 0)

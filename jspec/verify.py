@@ -116,8 +116,9 @@ def validate_chain_inputs(draft_tokens, draft_probs, target_probs, *, batched: b
     check_distribution(target_probs, "target_probs")
 
 
-def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id):
+def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id, num_drafts=None):
     n = draft_tokens.shape[0]
+    limit = n if num_drafts is None else num_drafts  # drafts at and after the row's count are not drafts
     accept_key, sample_key = jax.random.split(key)
 
     q_d = jnp.take_along_axis(target_probs[:n], draft_tokens[:, None], axis=-1)[:, 0]
@@ -127,18 +128,21 @@ def _verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id):
     else:
         p_d = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
         accept = u < acceptance_probability(p_d, q_d)
+    accept &= jnp.arange(n) < limit
     accepted = jnp.cumprod(accept).astype(bool)
     num_accepted = jnp.sum(accepted).astype(jnp.int32)
 
     q_next = target_probs[num_accepted]
+    rejected_a_draft = num_accepted < limit  # else every draft of the row passed: the bonus position
     if draft_probs is None:
         # residual(q, one_hot(d)) is q without d, renormalized; at the bonus position nothing is removed.
-        rejected = jnp.where(num_accepted < n, draft_tokens[jnp.minimum(num_accepted, n - 1)], -1)
+        rejected = jnp.where(rejected_a_draft, draft_tokens[jnp.minimum(num_accepted, n - 1)], -1)
         p_next = (jnp.arange(q_next.shape[0]) == rejected).astype(q_next.dtype)
     else:
         # A zero row stands for "no draft" at the bonus position: residual(q, 0) = q,
         # so the correction and the bonus token come from one code path.
         p_next = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)[num_accepted]
+        p_next = jnp.where(rejected_a_draft, p_next, 0.0)
     next_token = sample(sample_key, residual_distribution(q_next, p_next))
 
     slots = jnp.arange(n + 1)
@@ -155,13 +159,29 @@ def _probs_axis(draft_probs):
 _verify_chain_jit = jax.jit(_verify_chain)
 
 
+def _batched(draft_probs, num_drafts):
+    in_axes = (0, _probs_axis(draft_probs), 0, 0, None, None if num_drafts is None else 0)
+    return jax.vmap(_verify_chain, in_axes=in_axes)
+
+
 @jax.jit
-def _verify_chain_batch_jit(draft_tokens, draft_probs, target_probs, keys, pad_id):
-    in_axes = (0, _probs_axis(draft_probs), 0, 0, None)
-    return jax.vmap(_verify_chain, in_axes=in_axes)(draft_tokens, draft_probs, target_probs, keys, pad_id)
+def _verify_chain_batch_jit(draft_tokens, draft_probs, target_probs, keys, pad_id, num_drafts=None):
+    return _batched(draft_probs, num_drafts)(draft_tokens, draft_probs, target_probs, keys, pad_id, num_drafts)
 
 
-def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0) -> ChainVerdict:
+def _check_counts(num_drafts, shape, n: int) -> None:
+    """num_drafts: int[shape] in 0..N (values checked when concrete)."""
+    if num_drafts is None:
+        return
+    if tuple(np.shape(num_drafts)) != tuple(shape):
+        raise ValueError(f"num_drafts must have shape {tuple(shape)} (one count per row); got {np.shape(num_drafts)}.")
+    if is_concrete(num_drafts):
+        counts = np.asarray(num_drafts)
+        if counts.dtype.kind not in "iu" or (counts.size and (counts.min() < 0 or counts.max() > n)):
+            raise ValueError(f"num_drafts must be whole numbers in 0..{n} (N); got {counts.tolist()}.")
+
+
+def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0, num_drafts=None) -> ChainVerdict:
     """Accepts a prefix of N drafts for one sequence and emits the next token.
 
     Usable inside ``jit`` and ``vmap``; called on concrete arrays it validates
@@ -175,20 +195,25 @@ def verify_chain(draft_tokens, draft_probs, target_probs, key, pad_id=0) -> Chai
         position and at the bonus position.
       key: PRNG key.
       pad_id: value for unused slots of ``tokens``.
+      num_drafts: int32[], how many of the N slots hold drafts (0..N; default N): the rest are
+        never accepted, and when all of the first ``num_drafts`` pass the next token is the bonus
+        drawn from ``target_probs[num_drafts]``. With 0 the step is a plain one: one token from
+        ``target_probs[0]``.
 
     Returns:
       A :class:`ChainVerdict`.
 
     Raises:
-      ValueError: mismatched shapes, N < 1, out-of-range tokens, or rows that
+      ValueError: mismatched shapes, N < 1, out-of-range tokens or counts, or rows that
         are not distributions.
     """
     validate_chain_inputs(draft_tokens, draft_probs, target_probs, batched=False)
-    fn = _verify_chain if _any_traced(draft_tokens, draft_probs, target_probs, key) else (_verify_chain_jit)
-    return fn(draft_tokens, draft_probs, target_probs, key, jnp.int32(pad_id))
+    _check_counts(num_drafts, (), np.shape(draft_tokens)[-1])
+    fn = _verify_chain if _any_traced(draft_tokens, draft_probs, target_probs, key, num_drafts) else _verify_chain_jit
+    return fn(draft_tokens, draft_probs, target_probs, key, jnp.int32(pad_id), num_drafts)
 
 
-def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0) -> ChainVerdict:
+def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0, num_drafts=None) -> ChainVerdict:
     """:func:`verify_chain` vmapped over a batch; every row is independent.
 
     Args:
@@ -197,21 +222,24 @@ def verify_chain_batch(draft_tokens, draft_probs, target_probs, keys, pad_id=0) 
       target_probs: float32[B, N + 1, V].
       keys: PRNG keys [B] (one per row, e.g. ``jax.random.split(key, B)``).
       pad_id: value for unused slots of ``tokens``.
+      num_drafts: int32[B], drafts per row (0..N; default N in every row): rows draft different
+        lengths, each verified exactly as a chain of its own length (see :func:`verify_chain`).
 
     Returns:
       A :class:`ChainVerdict` whose fields have a leading B axis.
     """
     validate_chain_inputs(draft_tokens, draft_probs, target_probs, batched=True)
+    _check_counts(num_drafts, np.shape(draft_tokens)[:1], np.shape(draft_tokens)[-1])
     if np.shape(keys)[:1] != np.shape(draft_tokens)[:1]:
         raise ValueError(
             f"need one key per row: got keys of shape {np.shape(keys)} for batch "
             f"{np.shape(draft_tokens)[0]}; use jax.random.split(key, B)."
         )
-    if _any_traced(draft_tokens, draft_probs, target_probs, keys):
-        fn = jax.vmap(_verify_chain, in_axes=(0, _probs_axis(draft_probs), 0, 0, None))
+    if _any_traced(draft_tokens, draft_probs, target_probs, keys, num_drafts):
+        fn = _batched(draft_probs, num_drafts)
     else:
         fn = _verify_chain_batch_jit
-    return fn(draft_tokens, draft_probs, target_probs, keys, jnp.int32(pad_id))
+    return fn(draft_tokens, draft_probs, target_probs, keys, jnp.int32(pad_id), num_drafts)
 
 
 @jax.jit

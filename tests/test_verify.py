@@ -341,3 +341,62 @@ def test_batch_needs_one_key_per_row():
     d, p, q = _ok()
     with pytest.raises(ValueError, match="one key per row"):
         verify_chain_batch(d[None].repeat(3, 0), p[None].repeat(3, 0), q[None].repeat(3, 0), jax.random.PRNGKey(0))
+
+
+# ---------------------------------------------------------------- rows that draft different lengths
+
+
+def _with_wrong_bonus(draft_tokens, draft_probs, target_probs, key, num_drafts):
+    """Broken on purpose: when a row's drafts all pass, it draws the next token from the residual
+    against the draft slot after them (treating an empty slot as a rejected draft) instead of q."""
+    v = verify_chain(draft_tokens, draft_probs, target_probs, key, num_drafts=num_drafts)
+    k = v.num_accepted
+    wrong = sample(jax.random.fold_in(key, 3), residual_distribution(target_probs[k], draft_probs[k]))
+    bonus = (k == num_drafts) & (k < draft_tokens.shape[0])
+    tokens = jnp.where(bonus & (jnp.arange(draft_tokens.shape[0] + 1) == k), wrong, v.tokens).astype(jnp.int32)
+    return v.replace(tokens=tokens)
+
+
+def test_a_row_with_fewer_drafts_is_verified_as_a_chain_of_its_length_with_negative_control():
+    """Count 1 of N = 3: at most one draft accepted; after it, the bonus token ~ q[1] exactly, and
+    every emitted token has the target's distribution. The wrong bonus (residual) must fail."""
+    rng = np.random.default_rng(11)
+    n, steps = 3, 40_000
+    p, q = _normalize(rng.random((n, V)) ** 3), _normalize(rng.random((n + 1, V)) ** 3)
+    key = jax.random.PRNGKey(4)
+    drafts = sample(jax.random.fold_in(key, 1), jnp.broadcast_to(p, (steps, n, V)))
+    counts = jnp.ones((steps,), jnp.int32)
+    keys = jax.random.split(key, steps)
+
+    def run(verifier):
+        fn = jax.jit(jax.vmap(verifier))
+        return fn(drafts, jnp.broadcast_to(p, (steps, n, V)), jnp.broadcast_to(q, (steps, n + 1, V)), keys, counts)
+
+    good = verify_chain_batch(drafts, jnp.broadcast_to(p, (steps, n, V)), jnp.broadcast_to(q, (steps, n + 1, V)),
+                              keys, num_drafts=counts)  # fmt: skip
+    assert int(good.num_accepted.max()) == 1 and int(good.num_emitted.max()) == 2
+    tokens, accepted = np.asarray(good.tokens), np.asarray(good.num_accepted)
+    assert min(_position_p_values(tokens, accepted, q[:2])) > LEVEL
+    bad = run(_with_wrong_bonus)
+    bonus = np.asarray(bad.num_accepted) == 1
+    assert gof_p_value(np.bincount(np.asarray(bad.tokens)[bonus, 1], minlength=V), q[1]) < LEVEL
+
+
+def test_slots_past_a_row_s_count_are_never_accepted_and_zero_is_a_plain_step():
+    """q is certain of every draft: without counts all 3 pass; with counts 0..3 exactly that many do,
+    and the token after them comes from q at that position."""
+    drafts = jnp.array([[4, 5, 6]] * 4, jnp.int32)
+    q = np.full((4, 4, V), 1e-3, np.float32)
+    for i, tok in enumerate([4, 5, 6, 7]):
+        q[:, i, tok] = 1.0
+    q = jnp.asarray(_normalize(q))
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    counts = jnp.arange(4, dtype=jnp.int32)
+    v = verify_chain_batch(drafts, None, q, keys, num_drafts=counts)
+    assert np.asarray(v.num_accepted).tolist() == [0, 1, 2, 3]
+    assert [np.asarray(v.tokens)[i, i] for i in range(4)] == [4, 5, 6, 7]  # the bonus is q's token there
+    assert np.asarray(verify_chain_batch(drafts, None, q, keys).num_accepted).tolist() == [3, 3, 3, 3]
+    with pytest.raises(ValueError, match=r"num_drafts must be whole numbers in 0\.\.3"):
+        verify_chain_batch(drafts, None, q, keys, num_drafts=jnp.array([0, 1, 2, 4]))
+    with pytest.raises(ValueError, match=r"num_drafts must have shape \(4,\)"):
+        verify_chain_batch(drafts, None, q, keys, num_drafts=jnp.array([1, 2]))

@@ -106,12 +106,16 @@ class ChainProposal:
       has_draft: bool[B], whether the row has anything worth verifying; when no
         live row has, the engine takes a plain one-token step instead.
       lookahead: tokens to score but not verify, or None.
+      num_drafts: int32[B], how many of the N slots of each row hold drafts (rows draft
+        different lengths: a lookup's continuation can be short, a row can have none), or
+        None when every row drafts all N. Slots past a row's count are never accepted.
     """
 
     tokens: jax.Array
     probs: jax.Array | None
     has_draft: jax.Array
     lookahead: Lookahead | None = None
+    num_drafts: jax.Array | None = None
 
 
 @struct.dataclass

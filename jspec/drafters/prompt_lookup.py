@@ -54,8 +54,8 @@ class PromptLookup:
     def propose(self, state, ctx: Context, key, sampling: SamplingParams):
         if self.num_paths > 1:
             return self._propose_tree(ctx), state
-        tokens, has = jax.vmap(self._lookup_row)(ctx.history, ctx.length)
-        return ChainProposal(tokens, None, has), state
+        tokens, count = jax.vmap(self._lookup_row)(ctx.history, ctx.length)
+        return ChainProposal(tokens, None, count > 0, num_drafts=count), state
 
     def _match_scores(self, history, length):
         """int32[C]: for each end position, (n - 1) * C + end where the text's last n tokens match
@@ -72,7 +72,7 @@ class PromptLookup:
         return score
 
     def _lookup_row(self, history, length):
-        """One row: (draft int32[N], found bool)."""
+        """One row: (draft int32[N], how many of its N slots the continuation fills: 0 without a match)."""
         c = history.shape[0]
         score = self._match_scores(history, length)
         best_end = jnp.where(score.max() >= 0, jnp.argmax(score), -1)
@@ -80,7 +80,7 @@ class PromptLookup:
         pos = start + jnp.arange(self.num_draft)
         valid = (best_end >= 0) & (pos < length)
         draft = jnp.where(valid, history[jnp.clip(pos, 0, c - 1)], 0).astype(jnp.int32)
-        return draft, best_end >= 0
+        return draft, jnp.sum(valid).astype(jnp.int32)
 
     def _tree_row(self, history, length):
         """One row: (tokens int32[M, N], used bool[M, N]) for M = num_paths continuations."""
