@@ -23,7 +23,10 @@ demo: setup
 		--prompt "Explain in three sentences why speculative decoding can be exact."
 	$(BIN)/jspec generate --model smollm2-135m --chat --max-new-tokens 96 --method eagle3 --num-draft 5 \
 		--prompt "Explain in three sentences why speculative decoding can be exact."
-	$(BIN)/jspec bench --model smollm2-135m --methods ar,ngram,eagle3 --prompts mt-bench --limit 2 \
+	# Tune on MT-bench prompts 9-11 (the benchmark below runs prompts 1-2, never tuned on); auto uses it.
+	$(BIN)/jspec tune --model smollm2-135m --prompts mt-bench --skip 8 --limit 3 --temperature 0 \
+		--max-new-tokens 96
+	$(BIN)/jspec bench --model smollm2-135m --methods ar,ngram,eagle3,auto --prompts mt-bench --limit 2 \
 		--max-new-tokens 96 --num-draft 5
 
 test: setup

@@ -18,6 +18,7 @@ against measured speedups. Writes ``auto_cells.json`` and ``auto_cells.png`` to 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import pathlib
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.workloads, args.temperatures, args.tune_limit, args.limit, args.max_new_tokens = (
             "humaneval", "0", 1, 1, 12)  # fmt: skip
 
+    import jax
+
     from jspec.api import make_decoder
     from jspec.bench import run_interleaved
     from jspec.cli import _enable_compilation_cache
@@ -96,6 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     cells, tuned_runs = [], {}
     for workload in args.workloads.split(","):
+        # XLA on CPU maps each compiled program into memory regions of its own (65,530 per process):
+        # drop every workload's programs before the next (a full run died there once, BENCHMARKS.md).
+        decoders.clear()
+        gc.collect()
+        jax.clear_caches()
         prompts, _, category = workload.partition(":")
         slug = workload.replace(":", "_")
         t0 = time.perf_counter()
@@ -136,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                             runs.items()},
             }  # fmt: skip
             cells.append(cell)
+            (args.out / "auto_cells.json").write_text(json.dumps({"cells": cells, "partial": True}, indent=1))
             print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain (ran {cell['auto_ran']}), best fixed "
                   f"{best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "
                   f"{'in' if cell['predicted_best_in_two_fastest'] else 'NOT in'} the two fastest; "

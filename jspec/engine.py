@@ -31,10 +31,10 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.adaptive import Adaptive, StepCosts, worth_speculating
+from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
 from jspec.batching import LoopConfig, batch_inputs, compile_once
 from jspec.decode import prefill
-from jspec.drafters.base import Context, Feedback, TreeProposal, check_drafter
+from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, check_drafter
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.sharding import check_mesh, replicate
@@ -56,6 +56,7 @@ class LoopState:
     plain_steps: jax.Array  # int32[]: one-token steps (no row had a draft)
     emitted_in_verify: jax.Array  # int32[]: tokens emitted by verify steps (live rows)
     live_row_steps: jax.Array  # int32[]: sum over verify steps of live rows
+    drafts_verified: jax.Array  # int32[]: sum over verify steps of the live rows' drafts verified (chains)
     accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
     accepted_estimate: jax.Array  # float32[B]: running mean of drafts accepted per verify step (adaptive loops)
     since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the adaptive policy
@@ -177,6 +178,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     b, p = prompts.shape
     capacity = config.capacity(width + extra)
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
+    widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's narrower widths
 
     out = prefill(target, prompts, lengths, capacity, hidden_layers)
     first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
@@ -197,6 +199,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         plain_steps=jnp.int32(0),
         emitted_in_verify=jnp.int32(0),
         live_row_steps=jnp.int32(0),
+        drafts_verified=jnp.int32(0),
         accept_hist=jnp.zeros((n + 1,), jnp.int32),
         accepted_estimate=jnp.full((b,), prior, jnp.float32),
         since_speculated=jnp.int32(0),
@@ -221,14 +224,20 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         if local is not None:
             tokens, offsets, local = _with_lookahead(tokens, offsets, local, proposal.lookahead)
         mask = None if local is None else tree_attention_mask(ctx.cache_length, local, capacity)
-        out = target(tokens, ctx.cache_length[:, None] + offsets, s.cache, mask, hidden_layers=hidden_layers)
+        positions = ctx.cache_length[:, None] + offsets
+        counts = proposal.num_drafts if isinstance(proposal, ChainProposal) else None
+        if widths:  # an adaptive draft length: the forward at the width worth the most tokens per cost
+            out, counts = narrow_verify(target, drafter, proposal, ~s.done, costs, widths, tokens, positions, s.cache,
+                                        hidden_layers)  # fmt: skip
+        else:
+            out = target(tokens, positions, s.cache, mask, hidden_layers=hidden_layers)
         verify_logits, lookahead_logits = _split_logits(out.logits, width)
         q = probs_from_logits(verify_logits, params)
         if isinstance(proposal, TreeProposal):
             verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
         else:
-            counts = {} if proposal.num_drafts is None else {"num_drafts": proposal.num_drafts}
-            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys, **counts)
+            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys,
+                                    **({} if counts is None else {"num_drafts": counts}))  # fmt: skip
         live = ~s.done
         a = jnp.where(live, verdict.num_accepted, 0)
         emitted = jnp.where(live, verdict.num_emitted, 0)
@@ -267,6 +276,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             verify_steps=s.verify_steps + 1,
             emitted_in_verify=s.emitted_in_verify + jnp.sum(emitted),
             live_row_steps=s.live_row_steps + jnp.sum(live),
+            drafts_verified=s.drafts_verified
+            + jnp.sum(jnp.where(live, n if counts is None else counts, 0) if num_nodes is None else 0),
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
 
@@ -343,6 +354,8 @@ class SpeculativeDecoder:
             raise ValueError(f"adaptive must be an Adaptive; got {type(adaptive).__name__}.")
         if costs is not None and not isinstance(costs, StepCosts):
             raise ValueError(f"costs must be a StepCosts; got {type(costs).__name__}.")
+        if adaptive is not None and adaptive.widths:
+            check_widths(drafter, adaptive.widths, costs)
         self.adaptive, self.costs = adaptive, replicate(mesh, costs)
         if isinstance(eos_ids, int | np.integer):
             eos_ids = (eos_ids,)
@@ -389,4 +402,5 @@ class SpeculativeDecoder:
             accept_hist=np.asarray(final.accept_hist).tolist(),
             cache_lengths=np.asarray(final.cache.lengths)[:b].tolist(),
             fallback_steps=int(final.fallback_steps),
+            drafts_verified=int(final.drafts_verified),
         )

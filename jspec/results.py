@@ -44,6 +44,8 @@ class GenerationResult:
       cache_lengths: target tokens committed per row at the end (speculative runs).
       fallback_steps: plain steps an adaptive loop chose over speculating (in ``plain_steps`` too).
       setting: what ran, when a decoder chose it (``--method auto``: "ar", "ngram:N=4+adaptive", ...).
+      drafts_verified: the live rows' drafts verified, summed over verify steps (chains: N per row
+        and step, fewer where a row's count or an adaptive draft length cut the chain).
     """
 
     tokens: list[list[int]]
@@ -59,6 +61,7 @@ class GenerationResult:
     cache_lengths: list[int] = dataclasses.field(default_factory=list)
     fallback_steps: int = 0
     setting: str | None = None
+    drafts_verified: int = 0
 
     @property
     def speculative(self) -> bool:
@@ -102,6 +105,7 @@ class GenerationResult:
                 "live_row_steps": self.live_row_steps,
                 "fallback_steps": self.fallback_steps,
                 "num_draft": self.num_draft,
+                "drafts_per_verify": self.drafts_verified / self.live_row_steps if self.live_row_steps else 0.0,
             }
         return out
 
@@ -125,4 +129,5 @@ class GenerationResult:
             cache_lengths=[n for r in results for n in r.cache_lengths],
             fallback_steps=sum(r.fallback_steps for r in results),
             setting=" / ".join(dict.fromkeys(r.setting for r in results if r.setting)) or None,
+            drafts_verified=sum(r.drafts_verified for r in results),
         )

@@ -69,11 +69,11 @@ def test_a_draft_model_stays_in_step_through_fallback_steps(target, monkeypatch)
     assert broken.tokens == plain and broken.acceptance_by_position() != [1.0, 1.0, 1.0]
 
 
-def test_sampled_output_of_an_adaptive_loop_has_the_target_distribution_with_negative_control():
-    """Temperature 1, 6000 rows, a step schedule of speculation, a fallback and speculation again (costs
-    that make speculation marginal): tokens 2-4 distributed as plain sampling's."""
+def _sampled_p_values(num_draft, policy, costs, check):
+    """Temperature 1, 6000 rows, a peaked target and a one-layer drafter: the chi-square p-value of
+    tokens 2-4 against plain sampling's, with the real verifier and with the one that skips the
+    residual (the negative control); ``check(result)`` asserts the schedule exercised the path."""
     from scipy import stats
-    from stats_util import LEVEL
 
     from jspec.check import two_sample_chi2, verify_chain_without_residual
     from jspec.sampling import SamplingParams
@@ -83,14 +83,12 @@ def test_sampled_output_of_an_adaptive_loop_has_the_target_distribution_with_neg
     params = SamplingParams.create(temperature=1.0)
     target = peaked_model(seed=5)
     plain = np.array(Decoder(target).generate(prompts, 4, params, seed=1).tokens)
-    drafter = DraftModel.from_model(peaked_model(seed=6, num_layers=1), target, num_draft=2)
+    drafter = DraftModel.from_model(peaked_model(seed=6, num_layers=1), target, num_draft=num_draft)
 
     def p_value(verifier):
-        policy = Adaptive(probe_every=1, max_probe_every=1)  # speculate, fall back, speculate
-        engine = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier), adaptive=policy,
-                                    costs=StepCosts.create(speculative=2.5))  # fmt: skip
+        engine = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier), adaptive=policy, costs=costs)
         result = engine.generate(prompts, 4, params, seed=2)
-        assert result.fallback_steps == 1 and result.verify_steps == 2
+        check(result)
         spec = np.array(result.tokens)
         chi2, dof = 0.0, 0
         for j in (1, 2, 3):
@@ -98,8 +96,20 @@ def test_sampled_output_of_an_adaptive_loop_has_the_target_distribution_with_neg
             chi2, dof = chi2 + c, dof + d
         return stats.chi2.sf(chi2, dof)
 
-    assert p_value(verify_chain) > LEVEL
-    assert p_value(verify_chain_without_residual) < LEVEL
+    return p_value(verify_chain), p_value(verify_chain_without_residual)
+
+
+def test_sampled_output_of_an_adaptive_loop_has_the_target_distribution_with_negative_control():
+    """A step schedule of speculation, a fallback and speculation again (costs that make speculation
+    marginal): tokens 2-4 distributed as plain sampling's."""
+    from stats_util import LEVEL
+
+    def check(result):
+        assert result.fallback_steps == 1 and result.verify_steps == 2
+
+    policy = Adaptive(probe_every=1, max_probe_every=1)  # speculate, fall back, speculate
+    good, broken = _sampled_p_values(2, policy, StepCosts.create(speculative=2.5), check)
+    assert good > LEVEL and broken < LEVEL
 
 
 def test_adaptive_options_are_checked(target):
@@ -175,3 +185,74 @@ def test_an_eagle_head_catches_up_on_deferred_fallback_steps_exactly(target):
         == drafter.propose(at_once, ctx(9), key, greedy)[0].tokens
     ).all()
     assert not np.allclose(deferred.logits, at_once.logits, atol=1e-5)  # before catching up, the head is behind
+
+
+def test_the_width_with_most_expected_tokens_per_cost_is_chosen():
+    import jax.numpy as jnp
+
+    from jspec.adaptive import choose_width
+
+    costs = StepCosts.create(2.2, forward=[1.0, 1.1, 2.0])  # widths 2, 3 and the full 4; the drafter costs 0.2
+    conf = jnp.array([[0.9, 0.9, 0.1]])
+    # expected tokens 1.9, 2.71, 2.791 for costs 1.2, 1.3, 2.2: width 3 (index 1)
+    assert int(choose_width(conf, jnp.array([True]), costs, (2, 3))) == 1
+    assert int(choose_width(conf.at[0, 2].set(1.0), jnp.array([True]), costs, (2, 3))) == 1  # 3.52/2.2 < 2.71/1.3
+    assert int(choose_width(jnp.ones((1, 3)), jnp.array([True]), StepCosts.create(2.2, forward=[1.0, 1.1, 1.2]),
+                            (2, 3))) == 2  # fmt: skip
+    # a finished row does not count: the live one is sure of nothing
+    both = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    assert int(choose_width(both, jnp.array([False, True]), costs, (2, 3))) == 0
+
+
+def test_an_adaptive_draft_length_keeps_greedy_output_and_follows_the_drafter_s_confidence():
+    """A drafter unsure of everything verifies one draft per step; the target drafting for itself
+    (sure, and right) verifies wider; both give plain greedy tokens."""
+    target = peaked_model(seed=5)
+    prompts = [[7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
+    plain = Decoder(target).generate(prompts, 20).tokens
+    policy = Adaptive(widths=(2, 3), probe_every=64, max_probe_every=64)
+    costs = StepCosts.create(1.22, forward=[1.0, 1.01, 1.02])  # width nearly free: only certainty of nothing stops
+    unsure = DraftModel.from_model(tiny_model("qwen2", seed=1, num_layers=1), target, num_draft=4)
+    got = SpeculativeDecoder(target, unsure, adaptive=policy, costs=costs).generate(prompts, 20)
+    assert got.tokens == plain and got.stats()["drafts_per_verify"] == 1.0
+    sure = DraftModel.from_model(target, target, num_draft=4)
+    got = SpeculativeDecoder(target, sure, adaptive=policy, costs=costs).generate(prompts, 20)
+    assert got.tokens == plain and got.stats()["drafts_per_verify"] > 2.0
+
+
+def test_sampled_output_with_an_adaptive_draft_length_has_the_target_distribution_with_negative_control():
+    """Widths 2 and 3 of a chain of 3, chosen per step: tokens 2-4 distributed as plain sampling's."""
+    from stats_util import LEVEL
+
+    def check(result):
+        assert result.verify_steps > 0 and result.stats()["drafts_per_verify"] < 3.0
+
+    policy, costs = Adaptive(widths=(2, 3), prior=3.0), StepCosts.create(1.6, forward=[1.0, 1.3, 1.5])
+    good, broken = _sampled_p_values(3, policy, costs, check)
+    assert good > LEVEL and broken < LEVEL
+
+
+def test_adaptive_draft_length_options_are_checked(target):
+    from jspec.sampling import SamplingParams
+    from jspec.tree import StaticTree
+
+    costs = StepCosts.create(2.0, forward=[1.2, 1.8])
+    draft = DraftModel.from_model(tiny_model("qwen2", seed=1, num_layers=1), target, num_draft=3)
+    with pytest.raises(ValueError, match="widths must be increasing whole numbers >= 2"):
+        Adaptive(widths=(1,))
+    with pytest.raises(ValueError, match="widths must be increasing"):
+        Adaptive(widths=(3, 2))
+    with pytest.raises(ValueError, match=r"below the full width N \+ 1 = 4"):
+        SpeculativeDecoder(target, draft, adaptive=Adaptive(widths=(4,)), costs=costs)
+    with pytest.raises(ValueError, match=r"needs StepCosts\.forward"):
+        SpeculativeDecoder(target, draft, adaptive=Adaptive(widths=(2,)), costs=StepCosts.create(2.0))
+    with pytest.raises(ValueError, match="for chain drafters"):
+        tree = DraftModel.from_model(
+            tiny_model("qwen2", seed=1, num_layers=1), target, tree=StaticTree.from_branching([2, 1])
+        )
+        SpeculativeDecoder(target, tree, adaptive=Adaptive(widths=(2,)), costs=costs)
+    with pytest.raises(ValueError, match="within the speculative step"):
+        StepCosts.create(1.0, forward=[1.2, 1.8])
+    lookup = SpeculativeDecoder(target, PromptLookup(num_draft=3), adaptive=Adaptive(widths=(2,)), costs=costs)
+    with pytest.raises(ValueError, match="PromptLookup gives no confidence"):
+        lookup.generate([[5, 6, 7, 5, 6]], 4, SamplingParams.greedy())

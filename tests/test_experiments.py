@@ -118,3 +118,22 @@ def test_warm_start_small(tmp_path, smollm2):
     for row in report["starts"].values():
         assert row["held_out"]["humaneval"]["drafts_scored"] == [5, 4]
     assert (tmp_path / "o" / "warm_start.json").exists()
+
+
+def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
+    """Tune on one HumanEval prompt, then auto beside plain and prompt lookup on another; the
+    profile and tuned config go to a cache of the test's own (the model and wheels linked in)."""
+    from jspec.models.hub import cache_root
+
+    real = cache_root()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("models", "wheels"):
+        (cache / name).symlink_to(real / name)
+    monkeypatch.setenv("JSPEC_CACHE", str(cache))
+    report = _load("auto_cells").main(["--tiny", "--out", str(tmp_path)])
+    (cell,) = report["cells"]
+    assert cell["workload"] == "humaneval" and cell["temperature"] == 0.0
+    assert {"ar", "ngram:N=3", "auto"} <= set(cell["speedup"]) and cell["auto_ran"] == cell["recommended"]
+    assert cell["tune_prediction_errors"] and (tmp_path / "auto_cells.png").stat().st_size > 5_000
+    assert sorted(p.name for p in (cache / "tuned").glob("*/*.json")) == ["humaneval.json", "latest.json"]

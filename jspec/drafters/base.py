@@ -109,6 +109,9 @@ class ChainProposal:
       num_drafts: int32[B], how many of the N slots of each row hold drafts (rows draft
         different lengths: a lookup's continuation can be short, a row can have none), or
         None when every row drafts all N. Slots past a row's count are never accepted.
+      confidence: float32[B, N], the drafter's estimate that each draft is accepted given the
+        ones before it (a model drafter's own probability of the token), or None. An adaptive
+        loop with verify widths to choose from (:class:`jspec.adaptive.Adaptive`) weighs it.
     """
 
     tokens: jax.Array
@@ -116,6 +119,7 @@ class ChainProposal:
     has_draft: jax.Array
     lookahead: Lookahead | None = None
     num_drafts: jax.Array | None = None
+    confidence: jax.Array | None = None
 
 
 @struct.dataclass

@@ -107,8 +107,8 @@ class DraftModel:
             out = model(tok[:, None], cache.lengths[:, None], cache)
             return out.logits[:, 0], out.cache
 
-        tokens, probs, cache = draft_chain(feed, cache, logits0, self.num_draft, key, sampling)
-        proposal = ChainProposal(tokens, probs, jnp.ones((b,), bool))
+        tokens, probs, cache, conf = draft_chain(feed, cache, logits0, self.num_draft, key, sampling)
+        proposal = ChainProposal(tokens, probs, jnp.ones((b,), bool), confidence=conf)
         return proposal, _DraftModelState(cache, state.pending, state.tree_tokens)
 
     def _propose_tree(self, model, cache, ctx: Context, logits0, pending):

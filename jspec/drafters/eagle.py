@@ -146,10 +146,11 @@ class EagleDrafter:
             h, cache = head(d2t[tok][:, None], feature[:, None], position[:, None], cache)
             return head.logits(h[:, 0]), (cache, h[:, 0])
 
-        draft, probs, _ = draft_chain(feed, (state.cache, state.hidden), state.logits, self.num_draft, key, sampling)
+        draft, probs, _, conf = draft_chain(feed, (state.cache, state.hidden), state.logits, self.num_draft, key,
+                                            sampling)  # fmt: skip
         b, n, _ = probs.shape  # [B, N, K] over the draft vocabulary
         full = jnp.zeros((b, n, self.vocab_size), probs.dtype).at[:, :, d2t].set(probs)
-        return ChainProposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool)), state
+        return ChainProposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool), confidence=conf), state
 
     def _propose_tree(self, head, state: _EagleState, ctx: Context) -> TreeProposal:
         """A dynamic (EAGLE-2) or static tree. Node scores are the head's log-probabilities at

@@ -35,22 +35,28 @@ def draft_chain(feed, carry, first_logits, num_draft: int, key, sampling: Sampli
       sampling: the request's sampling parameters (drafts are drawn as the target samples).
 
     Returns:
-      (tokens int32[B, N] in the drafter's vocabulary, probs float32[B, N, V'], carry).
+      (tokens int32[B, N] in the drafter's vocabulary, probs float32[B, N, V'], carry,
+      confidence float32[B, N]: the drafter's own probability of each draft at temperature 1,
+      its estimate that the target agrees, what an adaptive draft length weighs).
     """
     probs0 = probs_from_logits(first_logits, sampling)
     tok0 = sample(jax.random.fold_in(key, 0), probs0)
+
+    def confidence(logits, tok):
+        return jnp.take_along_axis(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), tok[:, None], axis=-1)[:, 0]
 
     def step(c, i):
         carry, tok = c
         logits, carry = feed(carry, tok, i)
         p = probs_from_logits(logits, sampling)
         nxt = sample(jax.random.fold_in(key, i), p)
-        return (carry, nxt), (nxt, p)
+        return (carry, nxt), (nxt, p, confidence(logits, nxt))
 
-    (carry, _), (toks, probs) = jax.lax.scan(step, (carry, tok0), jnp.arange(1, num_draft))
+    (carry, _), (toks, probs, conf) = jax.lax.scan(step, (carry, tok0), jnp.arange(1, num_draft))
     tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], axis=1).astype(jnp.int32)
     probs = jnp.concatenate([probs0[:, None], jnp.moveaxis(probs, 0, 1)], axis=1)
-    return tokens, probs, carry
+    conf = jnp.concatenate([confidence(first_logits, tok0)[:, None], jnp.moveaxis(conf, 0, 1)], axis=1)
+    return tokens, probs, carry, conf
 
 
 def draft_tree(feed, carry, root_token, root_logits, tree: StaticTree | DynamicTreeSpec, base, root_position, capacity):

@@ -129,6 +129,7 @@ def _cmd_tune(args) -> int:
     eos = tokenizer.eos_token_ids
     drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=head,
                                 draft_model=draft_model)  # fmt: skip
+    drafters = {name: d for name, d in drafters.items() if name.split(":")[0] in families}
     recs, rows, profiles, cache = [], [], {}, {}
     for batch in batches:
         profile, path, cached = ensure_profile(model, args.model, drafters, batch=batch)
