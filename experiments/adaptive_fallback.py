@@ -1,14 +1,17 @@
 """The adaptive engine against fixed speculation and plain decoding, on the real model, interleaved.
 
     python experiments/adaptive_fallback.py [--prompts mt-bench,humaneval] [--limit 3] [--max-new-tokens 96]
-        [--temperatures 0] [--num-draft 5] [--out experiments/out] [--tiny]
+        [--temperatures 0] [--num-draft 5] [--widths 2,3,4] [--skip-forced] [--out experiments/out] [--tiny]
 
 For each prompt set and temperature, every decoder runs every prompt at batch 1, taking turns
 prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding; prompt lookup and the
 shipped EAGLE-3 head with N drafts every step (fixed); the same drafters with the adaptive policy
 and the step costs of this machine's cost profile (:mod:`jspec.tune`, measured or reused); and,
 for the overhead of the adaptive machinery, the same with speculation made free (it then
-speculates every step, like the fixed loop, and differs only by its bookkeeping).
+speculates every step, like the fixed loop, and differs only by its bookkeeping). With
+``--widths``, the EAGLE-3 head also runs with an adaptive draft length (the chain verified at one
+of those widths or the full N + 1 per step, from the head's confidence and the measured r(w)),
+beside fixed chains as long as each width.
 
 Writes ``adaptive_fallback.json`` and ``adaptive_fallback.png`` (speedup over plain per decoder) to --out.
 """
@@ -29,6 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperatures", default="0")
     parser.add_argument("--num-draft", type=int, default=5)
+    parser.add_argument("--widths", default="", help="adaptive draft length for EAGLE-3: verify widths, e.g. 2,3,4")
+    parser.add_argument("--skip-forced", action="store_true", help="leave out the forced-on (overhead) decoders")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
@@ -62,6 +67,10 @@ def main(argv: list[str] | None = None) -> dict:
         profile = measure_profile(model, args.model, {names[m]: d for m, d in drafters.items()}, max_k=max_k)
         if not args.tiny:
             save_profile(profile, path)
+    widths = tuple(int(w) for w in args.widths.split(",") if w.strip())
+    wanted = set(names.values()) | {f"eagle3:N={w - 1}" for w in widths}
+    if widths and not args.tiny and (not wanted <= set(profile.drafters) or max(profile.forward_ms) < n + 1):
+        raise SystemExit(f"the cost profile lacks {sorted(wanted - set(profile.drafters))}: jspec tune profile first")
     costs = {m: StepCosts.from_profile(profile, names[m], n + 1) for m in drafters}
     free = StepCosts.create(speculative=1e-3)
 
@@ -70,8 +79,19 @@ def main(argv: list[str] | None = None) -> dict:
         decoders[f"{method} fixed"] = SpeculativeDecoder(model, drafter, eos_ids=eos)
         decoders[f"{method} adaptive"] = SpeculativeDecoder(model, drafter, eos_ids=eos, adaptive=Adaptive(),
                                                             costs=costs[method])  # fmt: skip
-        decoders[f"{method} adaptive, forced on"] = SpeculativeDecoder(model, drafter, eos_ids=eos,
-                                                                       adaptive=Adaptive(), costs=free)  # fmt: skip
+        if not args.skip_forced:
+            decoders[f"{method} adaptive, forced on"] = SpeculativeDecoder(model, drafter, eos_ids=eos,
+                                                                           adaptive=Adaptive(), costs=free)  # fmt: skip
+    if widths and "eagle3" in drafters:
+        head = drafters["eagle3"]
+        for w in widths:
+            decoders[f"eagle3 fixed N={w - 1}"] = SpeculativeDecoder(
+                model, make_drafter("eagle3", model, num_draft=w - 1, model_name=args.model), eos_ids=eos
+            )
+        length = StepCosts.from_profile(profile, names["eagle3"], n + 1, widths=widths)
+        decoders[f"eagle3 adaptive, widths {args.widths}"] = SpeculativeDecoder(
+            model, head, eos_ids=eos, adaptive=Adaptive(widths=widths), costs=length
+        )
 
     results = {}
     for name in args.prompts.split(","):
@@ -84,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["speedup"] = entry["tokens_per_s"] / base
                 results[f"{name}|T={t}|{key}"] = entry
                 extra = (
-                    f", fallback {entry['fallback_steps']} / verify {entry['verify_steps']}"
+                    f", fallback {entry['fallback_steps']} / verify {entry['verify_steps']}, "
+                    f"drafts per verify {entry['drafts_per_verify']:.2f}"
                     if "tau" in entry and key != "plain"
                     else ""
                 )

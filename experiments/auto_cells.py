@@ -3,6 +3,7 @@
     python experiments/auto_cells.py [--model smollm2-135m] [--draft-model NAME]
         [--workloads mt-bench,humaneval,spec-bench:summarization,spec-bench:rag,spec-bench:math_reasoning]
         [--temperatures 0,1] [--tune-skip 8] [--tune-limit 4] [--limit 3] [--max-new-tokens 96] [--batch 1]
+        [--num-draft 1,2,3,4,5,6,7]
         [--out experiments/out] [--tiny]
 
 For each workload: ``jspec tune`` on a slice of its prompts (``--tune-skip`` on, ``--tune-limit``
@@ -36,6 +37,7 @@ def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.
     argv += ["--category", category] if category else []
     argv += ["--draft-model", args.draft_model] if args.draft_model else []
     argv += ["--num-draft", "1,2,3", "--methods", "ngram"] if args.tiny else []
+    argv += ["--num-draft", args.num_draft] if args.num_draft and not args.tiny else []
     buf = io.StringIO()
     with redirect_stdout(buf):
         rc = cli(argv)
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--num-draft", default=None, help="chain lengths the tuner considers (default 1..7)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one workload, T = 0, 2 prompts, 12 tokens (tests)")
     args = parser.parse_args(argv)
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         # XLA on CPU maps each compiled program into memory regions of its own (65,530 per process):
         # drop every workload's programs before the next (a full run died there once, BENCHMARKS.md).
         decoders.clear()
+        auto = runs_for = None  # the last workload's decoders, and their programs, go too
         gc.collect()
         jax.clear_caches()
         prompts, _, category = workload.partition(":")

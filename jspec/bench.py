@@ -46,17 +46,21 @@ def run_interleaved(
     sampling,
     seed: int = 0,
     batch: int = 1,
+    rotate: bool = True,
 ) -> dict[str, dict]:
     """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
     Taking turns spreads drift in the machine's speed (it is shared) over all
-    decoders alike, so their ratios stay meaningful. Each decoder is warmed up
+    decoders alike, so their ratios stay meaningful; the order rotates from batch to batch, so
+    that no decoder always runs right after the same one (one program measured twice in a fixed
+    order, once right after the EAGLE-3 head: 1.034x apart; rotating, 0.977x; BENCHMARKS.md). Each decoder is warmed up
     first (:func:`warm_up`); compilation is reported apart, never timed.
 
     Args:
       decoders: name -> a :class:`jspec.decode.Decoder` or :class:`jspec.engine.SpeculativeDecoder`.
       prompt_ids: token ids per prompt; batch i is generated with seed ``seed + i``.
       batch: rows per call (:func:`batches`).
+      rotate: start each batch's turn with the next decoder (False: always in the given order).
 
     Returns:
       name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
@@ -68,9 +72,11 @@ def run_interleaved(
         name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch) for name, decoder in decoders.items()
     }
     runs = {name: [] for name in decoders}
+    names = list(decoders)
     for i, rows in enumerate(batches(prompt_ids, batch)):
-        for name, decoder in decoders.items():
-            runs[name].append(decoder.generate(rows, max_new_tokens, sampling, seed=seed + i))
+        k = i % len(names) if rotate else 0
+        for name in names[k:] + names[:k]:  # each batch starts with the next decoder
+            runs[name].append(decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i))
     totals = {name: GenerationResult.total(results) for name, results in runs.items()}
     for name, total in totals.items():
         total.compile_seconds += compile_s[name]
