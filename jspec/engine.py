@@ -10,12 +10,8 @@ has a draft (prompt lookup found nothing) the step is a plain one-token step
 instead (``lax.cond`` between the two). The engine knows drafters only through
 :class:`jspec.drafters.base.Drafter`.
 
-With an :class:`Adaptive` policy and :class:`StepCosts` (from the machine's cost
-profile, :mod:`jspec.tune`), each step first asks whether speculating is worth
-it: a running estimate per row of the drafts the target accepts against what a
-speculative step costs over a plain one. Where it is not, the step is a plain
-one without a proposal; every ``probe_every`` such steps it speculates once to
-measure again. Every step, either kind, samples exactly from the target.
+With an :class:`Adaptive` policy (:mod:`jspec.adaptive`) a step may instead be a plain one where
+speculating does not pay, or verify a chain at a narrower width; every step samples exactly.
 """
 
 from __future__ import annotations
