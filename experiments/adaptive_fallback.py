@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from jspec.adaptive import Adaptive, StepCosts
+    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved
-    from jspec.cli import _enable_compilation_cache
     from jspec.decode import Decoder
     from jspec.drafters import make_drafter
     from jspec.engine import SpeculativeDecoder
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import load_profile, measure_profile, profile_path, save_profile
 
-    _enable_compilation_cache()
+    enable_compilation_cache()
     if args.tiny:
         args.prompts, args.limit, args.max_new_tokens, args.num_draft = "humaneval", 1, 16, 2
     model, tokenizer = load_model(args.model)

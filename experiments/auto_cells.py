@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jspec.api import make_decoder
+    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved
-    from jspec.cli import _enable_compilation_cache
     from jspec.models.hub import load_model, shipped_head
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
     from jspec.tune.tuned import Setting, TunedConfig
 
-    _enable_compilation_cache()
+    enable_compilation_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(args.model)
     eos = tokenizer.eos_token_ids

@@ -86,8 +86,8 @@ def _median_ms(fn, repeats: int = 10) -> float:
 def worker_jspec(setup: dict, args) -> dict:
     import jax
 
+    from jspec.batching import enable_compilation_cache
     from jspec.bench import predicted_seconds, run_interleaved, run_prompts
-    from jspec.cli import _enable_compilation_cache
     from jspec.decode import Decoder
     from jspec.drafters import DraftModel, PromptLookup
     from jspec.engine import SpeculativeDecoder
@@ -95,7 +95,7 @@ def worker_jspec(setup: dict, args) -> dict:
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
 
-    _enable_compilation_cache()
+    enable_compilation_cache()
     target, tokenizer = load_model(setup["target"])
     grid = _ints(args.num_draft)
     trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] in ("eagle3", "draft") else []

@@ -28,13 +28,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from jspec.api import make_decoder
+    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved
-    from jspec.cli import _enable_compilation_cache
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
 
-    _enable_compilation_cache()
+    enable_compilation_cache()
     model, tokenizer = load_model(args.model)
     eos = tokenizer.eos_token_ids
     prompts = load_prompts(args.prompts, args.category or None, args.limit)

@@ -9,6 +9,7 @@ bucket; per-row lengths, budgets, temperatures and keys are arrays.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -203,3 +204,19 @@ def batch_inputs(
     sampling = shard_rows(mesh, sampling or SamplingParams.greedy(), len(prompts), rows)
     key = replicate(mesh, jax.random.PRNGKey(seed))
     return Batch(padded, lengths, budget, prompt_len, new_len, slots, sampling, key)
+
+
+def enable_compilation_cache() -> None:
+    """Keeps compiled programs on disk under ``$JSPEC_CACHE/xla``, so a second run skips most compilation.
+
+    ``JSPEC_XLA_CACHE=0`` turns it off (the test suite does, so that what a test compiles
+    never depends on what earlier runs left on disk).
+    """
+    import jax
+
+    from jspec.models.hub import cache_root
+
+    if os.environ.get("JSPEC_XLA_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return
+    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

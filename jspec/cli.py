@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 __all__ = ["main"]
@@ -413,27 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _enable_compilation_cache() -> None:
-    """Keeps compiled programs on disk under ``$JSPEC_CACHE/xla``, so a second CLI run skips most compilation.
-
-    ``JSPEC_XLA_CACHE=0`` turns it off (the test suite does, so that what a test compiles
-    never depends on what earlier runs left on disk).
-    """
-    import jax
-
-    from jspec.models.hub import cache_root
-
-    if os.environ.get("JSPEC_XLA_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
-        return
-    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "bench", "train", "tune"):
-        _enable_compilation_cache()
+        from jspec.batching import enable_compilation_cache
+
+        enable_compilation_cache()
     try:
         return args.fn(args)
     except ValueError as err:

@@ -30,7 +30,15 @@ from jax.sharding import Mesh
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
 from jspec.batching import LoopConfig, batch_inputs, compile_once
 from jspec.decode import prefill
-from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, check_drafter
+from jspec.drafters.base import (
+    ChainProposal,
+    Context,
+    Feedback,
+    TreeProposal,
+    check_drafter,
+    merge_drafter,
+    split_drafter,
+)
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
 from jspec.sharding import check_mesh, replicate
@@ -77,35 +85,6 @@ class SpecLoop:
     config: LoopConfig
     verifier: Callable = verify_chain_batch
     adaptive: Adaptive | None = None
-
-
-@struct.dataclass
-class _Static:
-    """Holds a drafter that is no pytree of arrays: static as a whole, so it must be hashable."""
-
-    drafter: object = struct.field(pytree_node=False)
-
-
-def split_drafter(drafter) -> tuple[jax.tree_util.PyTreeDef, list]:
-    """(structure, arrays): a pytree drafter's arrays are arguments of the compiled loop and its
-    static fields part of the structure; any other drafter is static as a whole."""
-    leaves, treedef = jax.tree.flatten(drafter)
-    if all(isinstance(x, jax.Array | np.ndarray) for x in leaves):
-        return treedef, leaves
-    try:
-        hash(drafter)
-    except TypeError:
-        raise ValueError(
-            f"a drafter must be a pytree of arrays (a flax.struct.dataclass) or hashable; {type(drafter).__name__} "
-            "is neither."
-        ) from None
-    return jax.tree.structure(_Static(drafter)), []
-
-
-def merge_drafter(treedef, leaves):
-    """The drafter :func:`split_drafter` took apart."""
-    drafter = jax.tree.unflatten(treedef, leaves)
-    return drafter.drafter if isinstance(drafter, _Static) else drafter
 
 
 def _append(buf, start, tokens):

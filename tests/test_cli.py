@@ -149,7 +149,7 @@ def test_bench_json(capsys, smollm2, tmp_path):
 def test_cli_compilation_cache_switch(monkeypatch, tmp_path, value, on):
     import jax
 
-    from jspec.cli import _enable_compilation_cache
+    from jspec.batching import enable_compilation_cache
 
     before = jax.config.jax_compilation_cache_dir
     monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
@@ -158,7 +158,7 @@ def test_cli_compilation_cache_switch(monkeypatch, tmp_path, value, on):
     else:
         monkeypatch.setenv("JSPEC_XLA_CACHE", value)
     try:
-        _enable_compilation_cache()
+        enable_compilation_cache()
         assert jax.config.jax_compilation_cache_dir == (str(tmp_path / "xla") if on else before)
     finally:  # set back before anything compiles, so no later test uses the cache
         jax.config.update("jax_compilation_cache_dir", before)

@@ -40,6 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jspec.sampling import SamplingParams
@@ -243,3 +244,32 @@ def check_drafter(drafter) -> None:
         raise ValueError(f"a tree drafter's num_nodes must be >= 2 (the root and a draft); got {drafter.num_nodes}.")
     if int(drafter.num_lookahead) < 0:
         raise ValueError(f"num_lookahead must be >= 0; got {drafter.num_lookahead}.")
+
+
+@struct.dataclass
+class _Static:
+    """Holds a drafter that is no pytree of arrays: static as a whole, so it must be hashable."""
+
+    drafter: object = struct.field(pytree_node=False)
+
+
+def split_drafter(drafter) -> tuple[jax.tree_util.PyTreeDef, list]:
+    """(structure, arrays): a pytree drafter's arrays are arguments of the compiled loop and its
+    static fields part of the structure; any other drafter is static as a whole."""
+    leaves, treedef = jax.tree.flatten(drafter)
+    if all(isinstance(x, jax.Array | np.ndarray) for x in leaves):
+        return treedef, leaves
+    try:
+        hash(drafter)
+    except TypeError:
+        raise ValueError(
+            f"a drafter must be a pytree of arrays (a flax.struct.dataclass) or hashable; {type(drafter).__name__} "
+            "is neither."
+        ) from None
+    return jax.tree.structure(_Static(drafter)), []
+
+
+def merge_drafter(treedef, leaves):
+    """The drafter :func:`split_drafter` took apart."""
+    drafter = jax.tree.unflatten(treedef, leaves)
+    return drafter.drafter if isinstance(drafter, _Static) else drafter

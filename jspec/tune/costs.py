@@ -29,8 +29,7 @@ from flax import nnx
 
 from jspec.batching import bucket
 from jspec.decode import jit_forward, prefill
-from jspec.drafters.base import Context, Feedback, check_drafter
-from jspec.engine import merge_drafter, split_drafter
+from jspec.drafters.base import Context, Feedback, check_drafter, merge_drafter, split_drafter
 from jspec.sampling import SamplingParams
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
