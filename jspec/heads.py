@@ -211,7 +211,7 @@ class DraftHead(nnx.Module):
     def copy_target_output(self, target) -> None:
         """The target's final norm and its output rows for the draft vocabulary (after :meth:`attach_target`):
         EAGLE-1 keeps them frozen; an EAGLE-3 head can start from them and train them."""
-        self.final_norm[...] = target.final_norm[...]
+        self.final_norm[...] = target.final_norm_weight()
         self.lm_head[...] = target.output_weights()[self.d2t[...]]
 
     def warm_start(self, target) -> None:
@@ -224,13 +224,16 @@ class DraftHead(nnx.Module):
         on the last feature layer's block, so the fused feature starts as that layer's hidden state;
         the output layer and final norm become the target's for the draft vocabulary. The head then
         starts from where the target goes next rather than from noise: with little data it learns
-        faster (BENCHMARKS.md, "warm start"). A target with qkv biases keeps only its weights.
+        faster (BENCHMARKS.md, "warm start"). A target with qkv biases keeps only its weights; from a
+        target with query/key norms, sandwich norms or GeGLU (Qwen3, Gemma 3) the copy is only a start.
         """
         c = self.config
         if target.config.hidden_size != c.hidden_size or target.config.num_layers != c.num_target_layers:
             raise ValueError("warm_start needs the target this head was built for (same hidden size and layers).")
         H = c.hidden_size
         p = target.layer_arrays(min(c.feature_layers[-1] + 1, c.num_target_layers - 1))
+        offset = target.config.norm_offset  # the head's norms are plain RMSNorms; Gemma's multiply by 1 + w
+        p = p | {name: p[name] + offset for name in ("attn_norm", "mlp_norm")}
         for name in ("wo", "mlp_norm", "w_gate_up", "w_down"):
             getattr(self, name)[...] = p[name]
         fc = self.fc[...]

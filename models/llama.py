@@ -1,10 +1,12 @@
-"""The Llama family in Flax NNX: Llama layout (SmolLM2) and Qwen2 (QKV bias, untied output).
+"""The decoder families in Flax NNX: Llama layout (Llama 2/3.x, SmolLM2), Qwen2, Qwen3 and Gemma 3 (text).
 
-Grouped-query attention, RMSNorm, SwiGLU, half-split (NeoX) rotary embeddings.
-The layer weights are stacked along a leading L axis, so the same parameters
-serve an unrolled Python loop over layers and a ``lax.scan``; which one runs
-is chosen per backend in :func:`layer_loop_for_backend`, the only place that
-knows (measured in BENCHMARKS.md).
+Grouped-query attention, RMSNorm, a gated MLP (SwiGLU or GeGLU), half-split (NeoX) rotary
+embeddings; the switches of :class:`~jspec.models.config.ModelConfig` add what a family has
+beyond that (QKV bias, query/key norms, (1 + w) and sandwich norms, a scaled embedding,
+sliding-window layers with their own RoPE base, RoPE scaling). The layer weights are stacked
+along a leading L axis, so the same parameters serve an unrolled Python loop over layers and a
+``lax.scan``; which one runs is chosen per backend in :func:`layer_loop_for_backend`, the only
+place that knows (measured in BENCHMARKS.md).
 
 The KV cache is not part of the module: :meth:`Transformer.__call__` takes a
 :class:`jspec.cache.KVCache` and returns the new one.
@@ -24,7 +26,10 @@ __all__ = [
     "rms_norm",
 ]  # fmt: skip
 
-LAYER_PARAMS = ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+LAYER_PARAMS = (
+    "attn_norm", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "post_attn_norm", "mlp_norm", "w_gate_up", "w_down",
+    "post_mlp_norm",
+)  # fmt: skip
 # Matrices are stored [out, in] (the checkpoints' layout) and applied by :func:`linear`.
 # Fused weights and the checkpoint tensors they concatenate (along the output axis, 0):
 # one matmul instead of three (or two) halves the ops per layer, which is what
@@ -74,27 +79,36 @@ def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.moveaxis(out, 0, -1)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """RMSNorm times ``weight`` (Llama, Qwen) or, with ``offset=1``, times ``1 + weight`` in float32 (Gemma)."""
     var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(var + eps) * _expand(weight, x.ndim)
+    if not offset:
+        return x * jax.lax.rsqrt(var + eps) * _expand(weight, x.ndim)
+    normed = x.astype(jnp.float32) * jax.lax.rsqrt(var.astype(jnp.float32) + eps)
+    return (normed * (offset + _expand(weight, x.ndim).astype(jnp.float32))).astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Half-split (NeoX) rotary embedding. x: [B, T, heads, D], positions: int[B, T]."""
+def rope_inv_freq(theta: float, head_dim: int) -> jax.Array:
+    """float32[D/2]: unscaled RoPE inverse frequencies."""
+    return theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Half-split (NeoX) rotary embedding. x: [B, T, heads, D], positions: int[B, T], inv_freq: [D/2]."""
     d = x.shape[-1]
-    inv_freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq[None, None, :]  # [B, T, D/2]
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)[None, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None) -> jax.Array:
     """Grouped-query attention over cache slots.
 
     Args:
       q: [B, T, heads, D]; k, v: [B, S, kv heads, D]; mask: bool[B, T, S].
+      scale: the query scaling; default D ** -0.5.
 
     Returns:
       [B, T, heads * D].
@@ -102,21 +116,22 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     b, t, heads, d = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, heads // kv_heads, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * (d**-0.5)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * (d**-0.5 if scale is None else scale)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b, t, heads * d)
 
 
-def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None):
-    """One decoder layer: attention over the cache, then the SwiGLU MLP, each added to the residual stream.
+def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, inv_freq=None):
+    """One decoder layer: attention over the cache, then the gated MLP, each added to the residual stream.
 
     Shared by the target models and the EAGLE draft heads, which read their attention input
     from more than the residual stream.
 
     Args:
       config: the attention shapes (``num_heads``, ``num_kv_heads``, ``head_dim``,
-        ``rope_theta``, ``rms_eps``; ``qkv_bias`` when present).
+        ``rope_theta``, ``rms_eps``) and, when present, the family's switches (``qkv_bias``,
+        ``qk_norm``, ``norm_offset``, ``post_norms``, ``activation``, ``query_scale``).
       p: the layer's weights by name (:data:`LAYER_PARAMS`; ``attn_norm`` and ``bqkv`` may
         be absent when ``attn_input`` is given or there is no bias).
       x: [B, T, H], the residual stream.
@@ -125,28 +140,40 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None):
       positions: int32[B, T], the RoPE positions; mask: bool[B, T, S].
       attn_input: [B, T, H'] that the q, k, v projection reads instead of
         ``rms_norm(x, attn_norm)`` (an EAGLE-3 head's normalized embedding and feature).
+      inv_freq: float32[D/2], this layer's RoPE frequencies; default from ``rope_theta``.
 
     Returns:
       The new residual stream [B, T, H].
     """
     c = config
     b, t, _ = x.shape
-    h = rms_norm(x, p["attn_norm"], c.rms_eps) if attn_input is None else attn_input
+    offset = getattr(c, "norm_offset", 0.0)
+
+    def norm(v, name):
+        return rms_norm(v, p[name], c.rms_eps, offset)
+
+    h = norm(x, "attn_norm") if attn_input is None else attn_input
     qkv = linear(h, p["wqkv"])
     if getattr(c, "qkv_bias", False):
         qkv = qkv + _expand(p["bqkv"], 3)
     qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q, k, v = qkv[..., :qd], qkv[..., qd : qd + kvd], qkv[..., qd + kvd :]
-    q = apply_rope(q.reshape(b, t, c.num_heads, c.head_dim), positions, c.rope_theta)
-    k = apply_rope(k.reshape(b, t, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
-    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    q = qkv[..., :qd].reshape(b, t, c.num_heads, c.head_dim)
+    k = qkv[..., qd : qd + kvd].reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = qkv[..., qd + kvd :].reshape(b, t, c.num_kv_heads, c.head_dim)
+    if getattr(c, "qk_norm", False):
+        q, k = norm(q, "q_norm"), norm(k, "k_norm")
+    inv_freq = rope_inv_freq(c.rope_theta, c.head_dim) if inv_freq is None else inv_freq
+    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
     k_all, v_all = write(k, v)
 
-    x = x + linear(attention(q, k_all, v_all, mask), p["wo"])
+    out = linear(attention(q, k_all, v_all, mask, getattr(c, "query_scale", None)), p["wo"])
+    post = getattr(c, "post_norms", False)
+    x = x + (norm(out, "post_attn_norm") if post else out)
 
-    h = rms_norm(x, p["mlp_norm"], c.rms_eps)
-    gate, up = jnp.split(linear(h, p["w_gate_up"]), 2, axis=-1)
-    return x + linear(jax.nn.silu(gate) * up, p["w_down"])
+    gate, up = jnp.split(linear(norm(x, "mlp_norm"), p["w_gate_up"]), 2, axis=-1)
+    act = jax.nn.gelu(gate, approximate=True) if getattr(c, "activation", "silu") == "gelu_tanh" else jax.nn.silu(gate)
+    out = linear(act * up, p["w_down"])
+    return x + (norm(out, "post_mlp_norm") if post else out)
 
 
 class LayerWeights(nnx.Module):
@@ -162,12 +189,18 @@ class LayerWeights(nnx.Module):
         def param(*shape):
             return nnx.Param(init(rngs.params(), lead + shape, dtype))
 
-        self.attn_norm = nnx.Param(jnp.ones((*lead, H), dtype))
+        def norm(size):  # the identity: weight 1, or 0 where the norm multiplies by (1 + w)
+            return nnx.Param(jnp.full((*lead, size), 1.0 - c.norm_offset, dtype))
+
+        self.attn_norm = norm(H)
         self.wqkv = param(qd + 2 * kvd, H)
         self.bqkv = param(qd + 2 * kvd) if c.qkv_bias else None
+        self.q_norm, self.k_norm = (norm(D), norm(D)) if c.qk_norm else (None, None)
         self.wo = param(H, qd)
-        self.mlp_norm = nnx.Param(jnp.ones((*lead, H), dtype))
+        self.post_attn_norm = norm(H) if c.post_norms else None
+        self.mlp_norm = norm(H)
         self.w_gate_up, self.w_down = param(2 * F, H), param(H, F)
+        self.post_mlp_norm = norm(H) if c.post_norms else None
 
     def arrays(self) -> dict:
         return {name: getattr(self, name)[...] for name in LAYER_PARAMS if getattr(self, name) is not None}
@@ -193,7 +226,7 @@ class Transformer(nnx.Module):
             self.layers = LayerWeights(c, rngs, dtype, stack=c.num_layers)
         else:
             self.layers = nnx.List([LayerWeights(c, rngs, dtype) for _ in range(c.num_layers)])
-        self.final_norm = nnx.Param(jnp.ones((c.hidden_size,), dtype))
+        self.final_norm = nnx.Param(jnp.full((c.hidden_size,), 1.0 - c.norm_offset, dtype))
         self.lm_head = (
             None if c.tie_embeddings else nnx.Param(init(rngs.params(), (c.vocab_size, c.hidden_size), dtype))
         )
@@ -212,9 +245,13 @@ class Transformer(nnx.Module):
         """float[V, H]: the output layer (the embedding when tied)."""
         return (self.embed if self.lm_head is None else self.lm_head)[...]
 
+    def final_norm_weight(self) -> jax.Array:
+        """float[H]: the final norm as a plain RMSNorm weight (Gemma's 1 + w), for heads and losses."""
+        return self.final_norm[...] + self.config.norm_offset
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Final norm and output layer: [..., H] → float32[..., V]."""
-        h = rms_norm(hidden, self.final_norm[...], self.config.rms_eps)
+        h = rms_norm(hidden, self.final_norm[...], self.config.rms_eps, self.config.norm_offset)
         return linear(h, self.output_weights()).astype(jnp.float32)
 
     # ------------------------------------------------------------------ forward
@@ -257,11 +294,16 @@ class Transformer(nnx.Module):
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
         slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
         x = jnp.take(self.embed[...], tokens, axis=0)
+        if c.embed_scale:  # Gemma: the scale rounded to the weights' dtype, as the reference does
+            x = x * jnp.asarray(c.hidden_size**0.5, x.dtype)
+        local_mask = self.sliding_mask(mask, positions, cache.lengths) if c.layer_types else mask
 
         if self.layer_loop == "scan":
+            freqs = jnp.stack([c.inv_freq(i) for i in range(c.num_layers)])
+            sliding = jnp.array([c.is_sliding(i) for i in range(c.num_layers)])
 
             def body(x, xs):
-                p, k_layer, v_layer = xs
+                p, k_layer, v_layer, inv_freq, is_sliding = xs
                 written = {}
 
                 def write(k, v):
@@ -270,10 +312,11 @@ class Transformer(nnx.Module):
                     written["v"] = v_layer.at[rows, slots].set(v.astype(v_layer.dtype), mode="drop")
                     return written["k"], written["v"]
 
-                x = decoder_layer(self.config, p, x, write, positions, mask)
+                layer_mask = jnp.where(is_sliding, local_mask, mask) if c.layer_types else mask
+                x = decoder_layer(c, p, x, write, positions, layer_mask, inv_freq=inv_freq)
                 return x, (written["k"], written["v"], x if hidden_layers else None)
 
-            xs = (self.layers.arrays(), cache.k, cache.v)
+            xs = (self.layers.arrays(), cache.k, cache.v, freqs, sliding)
             x, (new_k, new_v, all_hidden) = jax.lax.scan(body, x, xs)
             hidden = tuple(all_hidden[i] for i in hidden_layers)
         else:
@@ -287,7 +330,8 @@ class Transformer(nnx.Module):
                     buf["v"] = buf["v"].at[i, rows, slots].set(v.astype(buf["v"].dtype), mode="drop")
                     return buf["k"][i], buf["v"][i]
 
-                x = decoder_layer(self.config, layer.arrays(), x, write, positions, mask)
+                layer_mask = local_mask if c.is_sliding(i) else mask
+                x = decoder_layer(c, layer.arrays(), x, write, positions, layer_mask, inv_freq=c.inv_freq(i))
                 outs[i] = x
             new_k, new_v = buf["k"], buf["v"]
             hidden = tuple(outs[i] for i in hidden_layers)
@@ -297,6 +341,16 @@ class Transformer(nnx.Module):
         num_new = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
         new_cache = KVCache(new_k, new_v, cache.lengths).advance(num_new)
         return ModelOutput(logits=self.logits(x), hidden_states=hidden, cache=new_cache)
+
+    def sliding_mask(self, mask: jax.Array, positions: jax.Array, lengths: jax.Array) -> jax.Array:
+        """``mask`` [B, T, S] narrowed to the sliding window: a query at position p sees keys at
+        positions above p - W. Committed slot s holds position s; the T new tokens sit at slots
+        lengths .. lengths + T with their own ``positions`` (a tree's nodes share depths)."""
+        s = mask.shape[-1]
+        slot = jnp.arange(s)[None, :]
+        new = jnp.clip(slot - lengths[:, None], 0, positions.shape[1] - 1)
+        key_pos = jnp.where(slot < lengths[:, None], slot, jnp.take_along_axis(positions, new, axis=1))
+        return mask & (key_pos[:, None, :] > positions[:, :, None] - self.config.sliding_window)
 
     def init_cache(self, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
         c = self.config

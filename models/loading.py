@@ -28,11 +28,13 @@ from jspec.models.llama import FUSED, Transformer
 from jspec.models.tokenizer import TextTokenizer, tokenizer_from_gguf_metadata
 
 __all__ = [
+    "DTYPES",
     "convert_gguf",
     "file_sha256",
     "gguf_metadata",
     "hf_lookup",
     "load_folder",
+    "resolve_dtype",
 ]
 
 MANIFEST = "jspec_manifest.json"
@@ -207,11 +209,20 @@ _HF_LAYER_NAMES = {  # jspec's names, same [out, in] layout as the checkpoint's
     "bq": "self_attn.q_proj.bias",
     "bk": "self_attn.k_proj.bias",
     "bv": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
     "mlp_norm": "post_attention_layernorm.weight",
     "w_gate": "mlp.gate_proj.weight",
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
+# Gemma's four norms: its post_attention_layernorm normalizes the attention's output.
+_GEMMA_LAYER_NAMES = _HF_LAYER_NAMES | {
+    "post_attn_norm": "post_attention_layernorm.weight",
+    "mlp_norm": "pre_feedforward_layernorm.weight",
+    "post_mlp_norm": "post_feedforward_layernorm.weight",
+}
+INDEX = "model.safetensors.index.json"
 
 
 def _expected_size(path: pathlib.Path) -> int:
@@ -229,16 +240,43 @@ def _expected_size(path: pathlib.Path) -> int:
     return 8 + n + max(ends, default=0)
 
 
+def _shard_files(folder: pathlib.Path) -> tuple[list[pathlib.Path], dict | None]:
+    """The weight files and, for a sharded folder, its index's ``weight_map`` (tensor -> file)."""
+    index = folder / INDEX
+    if not index.exists():
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors files in {folder}.")
+        return files, None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{index} is not a safetensors index (no readable weight_map): {err}.") from err
+    names = sorted(set(weight_map.values()))
+    missing = [n for n in names if not (folder / n).exists()]
+    if missing:
+        raise ValueError(
+            f"{folder} misses shard {missing[0]} listed in {INDEX} ({len(missing)} of {len(names)} shards missing); "
+            "download the whole folder."
+        )
+    return [folder / n for n in names], weight_map
+
+
 class SafetensorsFolder:
-    """Reads tensors one at a time from a folder's *.safetensors files (never all in memory)."""
+    """Reads tensors one at a time from a folder's safetensors files, one file or shards listed in
+    ``model.safetensors.index.json`` (never all in memory), in their stored dtype (bfloat16 too).
+
+    Every file is checked against its header's promised size, and a sharded folder against its
+    index (each listed tensor in its listed shard, nothing else). :attr:`used` records which tensors
+    were read, so the loader can refuse weights that its model would silently leave out.
+    """
 
     def __init__(self, folder: pathlib.Path):
         from safetensors import safe_open
 
-        files = sorted(pathlib.Path(folder).glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"no *.safetensors files in {folder}.")
-        self.where = {}
+        folder = pathlib.Path(folder)
+        files, weight_map = _shard_files(folder)
+        self.where, self.used = {}, set()
         for f in files:
             size, expected = f.stat().st_size, _expected_size(f)
             if size != expected:
@@ -250,24 +288,52 @@ class SafetensorsFolder:
             except Exception as err:  # safetensors raises its own error types on bad files
                 raise ValueError(f"{f} is corrupt or truncated ({err}); refusing to load it.") from err
             for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                self.where[name] = handle
+                if weight_map is not None and weight_map.get(name) != f.name:
+                    raise ValueError(
+                        f"shard {f.name} holds tensor {name!r}, which {INDEX} places in "
+                        f"{weight_map.get(name, 'no shard')}: the shards do not match the index."
+                    )
+                self.where[name] = (f, handle)
+        if weight_map is not None:
+            absent = sorted(set(weight_map) - set(self.where))
+            if absent:
+                raise ValueError(
+                    f"{INDEX} places tensor {absent[0]!r} in {weight_map[absent[0]]}, which does not hold it: "
+                    "the shards do not match the index."
+                )
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
+    def dtype(self, name: str) -> str:
+        """The stored dtype ("F32", "BF16", ...)."""
+        return self.where[name][1].get_slice(name).get_dtype()
+
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.where:
             raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
-        return np.asarray(self.where[name].get_tensor(name), np.float32)
+        self.used.add(name)
+        path, handle = self.where[name]
+        if self.dtype(name) == "BF16":  # numpy has no bfloat16; read it as JAX does (ml_dtypes)
+            from safetensors import safe_open
+
+            return np.asarray(safe_open(str(path), "flax").get_tensor(name))
+        return handle.get_tensor(name)
+
+    def unused(self, tied: bool) -> list[str]:
+        """Tensors never read (RoPE tables that old checkpoints store are not weights)."""
+        skip = {"lm_head.weight"} if tied else set()
+        return sorted(n for n in set(self.where) - self.used - skip if not n.endswith("rotary_emb.inv_freq"))
 
 
-def hf_lookup(tensors) -> Callable[[str, int | None], np.ndarray]:
+def hf_lookup(tensors, family: str = "llama") -> Callable[[str, int | None], np.ndarray]:
     """``lookup(name, layer)`` over Hugging Face tensor names ([out, in] layout).
 
     ``tensors`` maps names to arrays (a dict or a :class:`SafetensorsFolder`);
     the result gives jspec's parameter ``name`` for one layer, or a global one
     when ``layer`` is None.
     """
+    layer_names = _GEMMA_LAYER_NAMES if family == "gemma3" else _HF_LAYER_NAMES
 
     def lookup(name: str, layer: int | None) -> np.ndarray:
         if layer is None:
@@ -279,7 +345,7 @@ def hf_lookup(tensors) -> Callable[[str, int | None], np.ndarray]:
                 key = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
                 return tensors[key]
             raise ValueError(f"unknown parameter {name!r}.")
-        return tensors[f"model.layers.{layer}.{_HF_LAYER_NAMES[name]}"]
+        return tensors[f"model.layers.{layer}.{layer_names[name]}"]
 
     return lookup
 
@@ -301,15 +367,41 @@ def _check_manifest(folder: pathlib.Path) -> None:
             )
 
 
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def resolve_dtype(dtype, stored: str | None = None):
+    """The dtype to hold weights in: ``dtype`` ("float32", "bfloat16" or a jnp dtype) or, when None,
+    float32 on CPU (bfloat16 is several times slower there) and the folder's own dtype elsewhere."""
+    if dtype is None:
+        if jax.default_backend() == "cpu" or stored not in DTYPES:
+            return jnp.float32
+        return DTYPES[stored]
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; jspec holds weights in {' or '.join(DTYPES)}.")
+        return DTYPES[dtype]
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"unknown dtype {jnp.dtype(dtype).name!r}; jspec holds weights in {' or '.join(DTYPES)}.")
+    return dtype
+
+
 def load_folder(
-    folder: str | pathlib.Path, *, layer_loop: str | None = None, dtype=jnp.float32
+    folder: str | pathlib.Path, *, layer_loop: str | None = None, dtype=None
 ) -> tuple[Transformer, TextTokenizer]:
-    """Loads a Hugging Face style model folder into a Transformer and its tokenizer."""
+    """Loads a Hugging Face style model folder (one safetensors file or shards with their index)
+    into a Transformer and its tokenizer.
+
+    Args:
+      dtype: "float32", "bfloat16" or None: float32 on CPU, the folder's ``torch_dtype`` elsewhere.
+    """
     folder = pathlib.Path(folder)
     if not (folder / "config.json").exists():
         raise ValueError(f"{folder} has no config.json; pass a Hugging Face model folder.")
     _check_manifest(folder)
-    config = ModelConfig.from_json_file(folder / "config.json")
+    raw = json.loads((folder / "config.json").read_text())
+    dtype = resolve_dtype(dtype, raw.get("dtype") or raw.get("torch_dtype"))
+    config = ModelConfig.from_hf(raw)
     tokenizer = TextTokenizer.load(folder, config.eos_token_ids)
     if config.eos_token_ids == () and tokenizer.eos_token_ids:
         config = ModelConfig(**{**config.__dict__, "eos_token_ids": tokenizer.eos_token_ids})
@@ -318,13 +410,22 @@ def load_folder(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
             f"{config.vocab_size}: they do not belong together."
         )
-    lookup = hf_lookup(SafetensorsFolder(folder))
+    tensors = SafetensorsFolder(folder)
+    lookup = hf_lookup(tensors, config.family)
     embed = lookup("embed", None)
     if embed.shape != (config.vocab_size, config.hidden_size):
         raise ValueError(
             f"embedding is {embed.shape}, config.json says vocab {config.vocab_size} x hidden {config.hidden_size}."
         )
-    return build_model(config, lookup, layer_loop=layer_loop, dtype=dtype), tokenizer
+    model = build_model(config, lookup, layer_loop=layer_loop, dtype=dtype)
+    unused = tensors.unused(config.tie_embeddings)
+    if unused:
+        raise ValueError(
+            f"{folder} holds {len(unused)} tensor(s) that a {config.family} model with this config.json does not "
+            f"use, e.g. {unused[0]!r}: the weights and the config disagree (or the architecture has parts jspec "
+            "does not implement); refusing to load it with them left out."
+        )
+    return model, tokenizer
 
 
 def build_model(config: ModelConfig, weights, *, layer_loop: str | None = None, dtype=jnp.float32):

@@ -84,7 +84,8 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_token_id is not None:
+        # A chat template that writes the BOS itself (Gemma, Llama 3) gets no second one.
+        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
 

@@ -99,7 +99,7 @@ class Trainer:
         """A trainer of ``head`` (attached to ``target``) against the target's distribution: its
         final norm and its output rows for the head's draft vocabulary."""
         rows = target.output_weights()[head.d2t[...]]
-        return cls(head, target.final_norm[...], rows, target.config.rms_eps, config, checkpoint_dir)
+        return cls(head, target.final_norm_weight(), rows, target.config.rms_eps, config, checkpoint_dir)
 
     def _train_step(self, params, opt_state, frozen, target, batch, window=None):
         c = self.config
