@@ -28,8 +28,9 @@ FAMILIES = {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False)),
+    # untied: a weak random model with Gemma's scaled, tied embedding repeats its input token forever
     "gemma3": ("Gemma3TextConfig", dict(
-        sliding_window=WINDOW, query_pre_attn_scalar=16,
+        tie_word_embeddings=False, sliding_window=WINDOW, query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }  # fmt: skip
 GEMMA_TEMPLATE = (
@@ -52,15 +53,15 @@ def _write_tokenizer(folder, chat_template=None):
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def write_family(folder, family: str, **overrides):
+def write_family(folder, family: str, noise: float = 0.3, **overrides):
     """A tiny random ``family`` model written by transformers into ``folder``; returns the torch model."""
     cls_name, extra = FAMILIES[family]
-    config = getattr(transformers, cls_name)(**COMMON, **(extra | overrides))
+    config = getattr(transformers, cls_name)(**(COMMON | extra | overrides))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
         for p in model.parameters():  # no norm at the identity, no zero bias
-            p.add_(0.3 * torch.randn_like(p))
+            p.add_(noise * torch.randn_like(p))
     model.generation_config.eos_token_id = None
     model.save_pretrained(folder)
     _write_tokenizer(folder, GEMMA_TEMPLATE if family == "gemma3" else None)
@@ -107,6 +108,7 @@ def test_family_greedy_and_speculative_equal_transformers(family):
     with torch.no_grad():
         out = reference.generate(torch.tensor([IDS]), max_new_tokens=32, do_sample=False, min_new_tokens=32)
     want = out[0, len(IDS) :].tolist()
+    assert len(set(want)) > 8  # a varied continuation, not a fixed point that any mask would reproduce
     assert Decoder(model).generate([IDS], 32).tokens[0] == want, name
     spec = SpeculativeDecoder(model, PromptLookup(num_draft=4, max_ngram=2)).generate([IDS], 32)
     assert spec.tokens[0] == want, name
@@ -124,6 +126,34 @@ def test_family_scan_equals_unrolled(family):
     a = model(*args, model.init_cache(1, len(IDS))).logits
     b = scanned(*args, scanned.init_cache(1, len(IDS))).logits
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def gemma97(tmp_path_factory):
+    """Gemma 3 with the vocabulary of the tree tests' oracle (97) and a window of 2, narrower than the trees."""
+    from jspec.models.loading import load_folder
+
+    folder = tmp_path_factory.mktemp("gemma97")
+    write_family(folder, "gemma3", vocab_size=97, sliding_window=2)
+    return load_folder(folder, layer_loop="unrolled")[0]
+
+
+def test_gemma_trees_past_the_window_keep_greedy_output(gemma97):
+    """Tree verification on sliding layers: the nodes' keys carry their depths' positions, and the
+    accepted path moved into place is seen through the window like any committed token."""
+    from test_tree_engine import PROMPTS, OracleTree, _head, _oracle
+
+    from jspec.decode import Decoder
+    from jspec.drafters import EagleDrafter
+    from jspec.engine import SpeculativeDecoder
+    from jspec.tree import DynamicTreeSpec
+
+    plain = Decoder(gemma97).generate(PROMPTS, 20).tokens
+    assert all(len(set(t)) > 8 for t in plain)
+    got = SpeculativeDecoder(gemma97, OracleTree(_oracle(PROMPTS, plain))).generate(PROMPTS, 20)
+    assert got.tokens == plain and got.accept_hist[-1] == sum(got.accept_hist)
+    drafter = EagleDrafter.from_head(_head(gemma97), gemma97, tree=DynamicTreeSpec(top_k=4, depth=3, total=12))
+    assert SpeculativeDecoder(gemma97, drafter).generate(PROMPTS, 20).tokens == plain
 
 
 def test_sliding_window_is_what_gemma_needs(tmp_path):
@@ -254,13 +284,13 @@ def test_bfloat16_folder_and_dtype_choice(tmp_path):
 
     from jspec.models.loading import load_folder
 
-    reference = write_family(tmp_path, "gemma3")
+    reference = write_family(tmp_path, "gemma3", tie_word_embeddings=True)  # as the real ones: tied
     reference.to(torch.bfloat16).save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert (raw.get("dtype") or raw.get("torch_dtype")) == "bfloat16"
     f32, _ = load_folder(tmp_path)  # CPU default: float32 (bfloat16 is several times slower here)
     bf16, _ = load_folder(tmp_path, dtype="bfloat16")
-    assert f32.embed[...].dtype == jnp.float32 and bf16.embed[...].dtype == jnp.bfloat16
+    assert f32.embed[...].dtype == jnp.float32 and bf16.embed[...].dtype == jnp.bfloat16 and f32.lm_head is None
     np.testing.assert_array_equal(np.asarray(f32.embed[...]), np.asarray(bf16.embed[...], np.float32))
     with pytest.raises(ValueError, match="unknown dtype 'float16'"):
         load_folder(tmp_path, dtype="float16")
