@@ -40,12 +40,13 @@ from jspec.verify import (
 __version__ = "0.1.0"
 
 
-def load_model(name_or_path: str, *, layer_loop: str | None = None):
+def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
     """(model, tokenizer) for a registry name (fetched, SHA-256 verified, converted once) or a
-    Hugging Face folder; see :func:`jspec.models.hub.load_model`."""
+    Hugging Face folder (Llama 2/3.x, Qwen2, Qwen3, Gemma 3); ``dtype`` "float32" or "bfloat16"
+    (default: float32 on CPU, the folder's own elsewhere); see :func:`jspec.models.hub.load_model`."""
     from jspec.models.hub import load_model as _load
 
-    return _load(name_or_path, layer_loop=layer_loop)
+    return _load(name_or_path, layer_loop=layer_loop, dtype=dtype)
 
 
 __all__ = [

@@ -160,11 +160,11 @@ class AutoDecoder:
                                                    **setting.options(), **extra)  # fmt: skip
         return self._decoders[setting]
 
-    def generate(self, prompts, max_new_tokens: int, sampling=None, seed: int = 0):
+    def generate(self, prompts, max_new_tokens: int, sampling=None, seed: int = 0, on_tokens=None):
         """As :meth:`jspec.SpeculativeDecoder.generate`; the result's ``setting`` names what ran. Rows
         with different temperatures run the setting of the hottest (acceptance falls as T rises)."""
         temperature = 0.0 if sampling is None else float(np.max(np.asarray(sampling.temperature)))
         setting = self.choose(temperature, len(prompts))
-        result = self.decoder_for(setting).generate(prompts, max_new_tokens, sampling, seed=seed)
+        result = self.decoder_for(setting).generate(prompts, max_new_tokens, sampling, seed=seed, on_tokens=on_tokens)
         result.setting = setting.name
         return result

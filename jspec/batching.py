@@ -8,10 +8,12 @@ bucket; per-row lengths, budgets, temperatures and keys are arrays.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -29,7 +31,9 @@ __all__ = [
     "bucket",
     "cache_slots",
     "compile_once",
+    "listening",
     "pad_prompts",
+    "streamed",
     "validate_prompts",
 ]
 
@@ -52,16 +56,62 @@ class LoopConfig:
       eos_ids: token ids that end a row.
       cache_len: KV cache slots for prompts and budget; default P + M. Every step attends
         over all of them, so a tighter cache is a faster step (:func:`cache_slots`).
+      stream: each loop step ends with an ordered host callback that hands the tokens so far
+        to the listener of :func:`listening` (a program of its own; without it nothing leaves
+        the device until the loop ends).
     """
 
     prompt_len: int
     max_new: int
     eos_ids: tuple[int, ...] = ()
     cache_len: int | None = None
+    stream: bool = False
 
     def capacity(self, width: int = 0) -> int:
         """Cache slots: the prompts, their budget and one forward of ``width`` tokens past them."""
         return (self.cache_len or self.prompt_len + self.max_new) + width
+
+
+_LISTENER: list = [None]  # the streaming call's on_tokens; one streamed call at a time
+_LISTENING = threading.Lock()
+
+
+def _emit(tokens, counts) -> None:
+    listener = _LISTENER[0]
+    if listener is not None:
+        listener(np.asarray(tokens), np.asarray(counts))
+
+
+def streamed(body: Callable, config: LoopConfig, view: Callable) -> Callable:
+    """A while-loop body that, when ``config.stream``, ends with an ordered host callback of
+    ``view(state)`` = (tokens int32[B, C], counts int32[B]); otherwise ``body`` itself."""
+    if not config.stream:
+        return body
+
+    def body_then_emit(state):
+        state = body(state)
+        jax.debug.callback(_emit, *view(state), ordered=True)
+        return state
+
+    return body_then_emit
+
+
+@contextlib.contextmanager
+def listening(on_tokens: Callable | None):
+    """Routes a streamed loop's callbacks to ``on_tokens(tokens, counts)`` (numpy arrays: every
+    row's tokens so far and how many are valid) until every callback has run."""
+    if on_tokens is None:
+        yield
+        return
+    if not callable(on_tokens):
+        raise ValueError(f"on_tokens must be a function of (tokens, counts); got {type(on_tokens).__name__}.")
+    with _LISTENING:
+        _LISTENER[0] = on_tokens
+        try:
+            yield
+            jax.effects_barrier()
+        finally:
+            _LISTENER[0] = None
 
 
 def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_tokens: int) -> int:
@@ -165,8 +215,8 @@ class Batch(NamedTuple):
         """Rows in the arrays: the prompts and any filler rows for an even split over a mesh."""
         return self.padded.shape[0]
 
-    def config(self, eos_ids: tuple[int, ...]) -> LoopConfig:
-        return LoopConfig(self.prompt_len, self.max_new, tuple(eos_ids), self.cache_len)
+    def config(self, eos_ids: tuple[int, ...], stream: bool = False) -> LoopConfig:
+        return LoopConfig(self.prompt_len, self.max_new, tuple(eos_ids), self.cache_len, stream)
 
     def arrays(self) -> tuple:
         """What a compiled loop takes besides the weights: prompts, lengths, budgets, sampling, key."""

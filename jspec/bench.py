@@ -47,6 +47,7 @@ def run_interleaved(
     seed: int = 0,
     batch: int = 1,
     rotate: bool = True,
+    progress: bool = False,
 ) -> dict[str, dict]:
     """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
@@ -61,6 +62,7 @@ def run_interleaved(
       prompt_ids: token ids per prompt; batch i is generated with seed ``seed + i``.
       batch: rows per call (:func:`batches`).
       rotate: start each batch's turn with the next decoder (False: always in the given order).
+      progress: a progress bar on stderr (where it is a terminal, or JSPEC_PROGRESS is set).
 
     Returns:
       name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
@@ -73,7 +75,12 @@ def run_interleaved(
     }
     runs = {name: [] for name in decoders}
     names = list(decoders)
-    for i, rows in enumerate(batches(prompt_ids, batch)):
+    todo = batches(prompt_ids, batch)
+    if progress:
+        from jspec.models.loading import progress as bar
+
+        todo = bar(todo, "benchmarking", total=len(todo))
+    for i, rows in enumerate(todo):
         k = i % len(names) if rotate else 0
         for name in names[k:] + names[:k]:  # each batch starts with the next decoder
             runs[name].append(decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i))

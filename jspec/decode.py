@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.batching import LoopConfig, batch_inputs, compile_once
+from jspec.batching import LoopConfig, batch_inputs, compile_once, listening, streamed
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, sample_logits
 from jspec.sharding import check_mesh, replicate
@@ -111,7 +111,7 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
         done = s.done | _is_eos(nxt, config.eos_ids) | (num_generated >= max_new)
         return _LoopState(tokens, num_generated, done, nxt, step_out.cache, step)
 
-    final = jax.lax.while_loop(cond, body, init)
+    final = jax.lax.while_loop(cond, streamed(body, config, lambda s: (s.tokens, s.num_generated)), init)
     return final.tokens, final.num_generated, final.step + 1
 
 
@@ -161,6 +161,7 @@ class Decoder:
         max_new_tokens: int,
         sampling: SamplingParams | None = None,
         seed: int = 0,
+        on_tokens=None,
     ) -> GenerationResult:
         """Generates for a batch of prompts of any lengths.
 
@@ -169,14 +170,17 @@ class Decoder:
           max_new_tokens: the budget of every row.
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
+          on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
+            tokens so far (streaming; a program of its own, :func:`jspec.batching.streamed`).
         """
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
-        loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
+        loop = PlainLoop(self.graphdef, batch.config(self.eos_ids, on_tokens is not None))
         args = (loop, self.state, *batch.arrays())
         run, compile_s = compile_once(self._compiled, (batch.rows, loop), decode_loop, args)
         t0 = time.perf_counter()
-        tokens, counts, calls = run(*args[1:])
-        tokens, counts = np.asarray(tokens), np.asarray(counts)
+        with listening(on_tokens):
+            tokens, counts, calls = run(*args[1:])
+            tokens, counts = np.asarray(tokens), np.asarray(counts)
         seconds = time.perf_counter() - t0
         return GenerationResult(
             tokens=[tokens[i, : counts[i]].tolist() for i in range(len(prompts))],

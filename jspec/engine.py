@@ -28,7 +28,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.batching import LoopConfig, batch_inputs, compile_once
+from jspec.batching import LoopConfig, batch_inputs, compile_once, listening, streamed
 from jspec.decode import prefill
 from jspec.drafters.base import (
     ChainProposal,
@@ -291,6 +291,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
         return jax.lax.cond(go, speculate, fall_back, s, k_draft, k_step)
 
+    body = streamed(body, loop.config, lambda s: (s.out, s.num_generated))
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
 
 
@@ -347,20 +348,25 @@ class SpeculativeDecoder:
         self.max_position, self.vocab_size = config.max_position, config.vocab_size
         self._compiled: dict = {}
 
-    def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
+    def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
+            on_tokens=None):  # fmt: skip
         """Runs the loop and returns (final :class:`LoopState`, compile seconds, run seconds); for
         tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
-        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
+        config = batch.config(self.eos_ids, on_tokens is not None)
+        loop = SpecLoop(self.tgraph, self._drafter_def, config, self.verifier, self.adaptive)
         args = (loop, self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
         run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args)
         t0 = time.perf_counter()
-        final = jax.block_until_ready(run(*args[1:]))
+        with listening(on_tokens):
+            final = jax.block_until_ready(run(*args[1:]))
         return final, compile_s, time.perf_counter() - t0
 
-    def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0):
-        """Generates for a batch of prompts (token-id lists) of any lengths (as :meth:`jspec.Decoder.generate`)."""
-        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed)
+    def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
+                 on_tokens=None):  # fmt: skip
+        """Generates for a batch of prompts (token-id lists) of any lengths (as :meth:`jspec.Decoder.generate`,
+        ``on_tokens`` too)."""
+        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens)
         b = len(prompts)
         out, counts = np.asarray(final.out), np.asarray(final.num_generated)
         verify, plain = int(final.verify_steps), int(final.plain_steps)

@@ -118,12 +118,15 @@ def fetch(name: str) -> pathlib.Path:
     return convert_gguf(gguf_path, folder, {"registry_name": name, "source_sha256": source.sha256})
 
 
-def load_model(name_or_path: str, *, layer_loop: str | None = None):
-    """(Transformer, TextTokenizer) for a registry name or a Hugging Face folder path."""
+def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
+    """(Transformer, TextTokenizer) for a registry name or a Hugging Face folder path.
+
+    ``dtype``: "float32", "bfloat16" or None (float32 on CPU, the folder's own dtype elsewhere).
+    """
     path = pathlib.Path(name_or_path)
     if path.is_dir():
-        return load_folder(path, layer_loop=layer_loop)
-    return load_folder(fetch(name_or_path), layer_loop=layer_loop)
+        return load_folder(path, layer_loop=layer_loop, dtype=dtype)
+    return load_folder(fetch(name_or_path), layer_loop=layer_loop, dtype=dtype)
 
 
 def shipped_head(model_name: str, kind: str = "eagle3") -> pathlib.Path:

@@ -76,4 +76,7 @@ def get_source(name: str) -> ModelSource:
         return MODELS[name]
     except KeyError:
         known = ", ".join(sorted(MODELS))
-        raise ValueError(f"unknown model {name!r}; known models: {known}.") from None
+        raise ValueError(
+            f"unknown model {name!r}; known models: {known}. The path of a local Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer.json) works too."
+        ) from None

@@ -99,7 +99,10 @@ def test_train_bad_input(capsys, tmp_path):
 
 def test_generate_bad_input(capsys):
     assert main(["generate", "--model", "nope", "--prompt", "x"]) == 2
-    assert "known models" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "known models" in err and "Hugging Face model folder" in err
+    assert main(["generate", "--prompt", "x", "--stream", "--json"]) == 2
+    assert "--stream" in capsys.readouterr().err
     assert main(["generate", "--prompt", ""]) == 2
     assert "empty" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--temperature", "-1"]) == 2
@@ -143,6 +146,43 @@ def test_bench_json(capsys, smollm2, tmp_path):
         assert {"tau", "tokens_per_s", "speedup"} <= entry.keys()
     assert out["methods"]["ar"]["speedup"] == 1.0
     assert main(["bench", "--methods", "ar,eagle9", "--prompts", str(path)]) == 2
+    capsys.readouterr()
+    plot = tmp_path / "bench.png"
+    assert main([*argv, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "tokens/s" in capsys.readouterr().out  # the table without --json
+
+
+def test_generate_stream_prints_the_same_text_as_it_comes(capsys, smollm2):
+    """--stream: the text arrives in pieces (one callback per loop step) and ends as the plain output."""
+    argv = ["generate", "--method", "ngram", "--prompt", "one two three one two three one", "--max-new-tokens", "16"]
+    assert main(argv) == 0
+    whole = capsys.readouterr().out
+    from jspec.cli_common import _StreamPrinter
+
+    pieces = []
+    real_show = _StreamPrinter._show
+
+    def spy(self, text):
+        pieces.append(text)
+        real_show(self, text)
+
+    _StreamPrinter._show = spy
+    try:
+        assert main([*argv, "--stream"]) == 0
+    finally:
+        _StreamPrinter._show = real_show
+    assert capsys.readouterr().out == whole and len(pieces) > 1
+
+
+def test_speedup_plot_and_help_defaults(capsys, tmp_path):
+    plot = tmp_path / "speedup.png"
+    assert main(["speedup", "--alpha", "0.8", "--cost-ratio", "0.1", "--plot", str(plot), "--json"]) == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 8)" in text and "(default: ar,ngram)" in text
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False)])

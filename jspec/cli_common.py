@@ -1,0 +1,115 @@
+"""What several ``jspec`` commands share: model options, a streaming printer, plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["DEFAULTS_SHOWN", "Parser", "add_model_options", "plot_bench", "plot_speedup", "stream_printer"]
+
+
+class DEFAULTS_SHOWN(argparse.ArgumentDefaultsHelpFormatter):  # noqa: N801 (argparse's naming)
+    """``--help`` with every default (argparse's own formatter, minus "(default: None)" noise)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The ``jspec`` parser: every subcommand's ``--help`` shows the defaults (subparsers take this class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DEFAULTS_SHOWN)
+        super().__init__(*args, **kwargs)
+
+
+def add_model_options(p: argparse.ArgumentParser, default: str = "smollm2-135m") -> None:
+    p.add_argument("--model", default=default, help="registry name, or the path of a Hugging Face model folder")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="weights' dtype (default: float32 on CPU, the folder's own elsewhere)")  # fmt: skip
+
+
+class _StreamPrinter:
+    """``on_tokens`` for ``generate``: prints row 0's new text as it is accepted.
+
+    Text is decoded from all tokens so far and only the part past what was printed is written,
+    held back while it ends in a partial character (a byte-level token can split one).
+    """
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out, self.shown = tokenizer, out or sys.stdout, ""
+
+    def _show(self, text: str) -> None:
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            self.out.write(text[len(self.shown) :])
+            self.out.flush()
+            self.shown = text
+
+    def __call__(self, tokens, counts) -> None:
+        self._show(self.tokenizer.decode(tokens[0, : counts[0]].tolist()))
+
+    def finish(self, completion: str) -> None:
+        """The rest of the completion (tokens past an end of sequence are never shown) and a newline."""
+        if not completion.startswith(self.shown):  # cannot happen for a prefix-stable decode; say it whole
+            self.out.write("\n")
+            self.shown = ""
+        self.out.write(completion[len(self.shown) :] + "\n")
+        self.out.flush()
+
+
+def stream_printer(tokenizer, out=None) -> _StreamPrinter:
+    return _StreamPrinter(tokenizer, out)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bench(out: dict, path: str) -> None:
+    """Bars of tokens/s per method (speedup over plain decoding written above each) and tau beside."""
+    plt = _pyplot()
+    names = list(out["methods"])
+    rates = [out["methods"][n]["tokens_per_s"] for n in names]
+    taus = [out["methods"][n]["tau"] for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    bars = ax1.bar(names, rates, color="tab:blue")
+    for bar, name in zip(bars, names, strict=True):
+        speedup = out["methods"][name].get("speedup")
+        if speedup is not None:
+            ax1.annotate(f"{speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                         va="bottom", fontsize=8)  # fmt: skip
+    ax1.set_ylabel("tokens/s")
+    ax1.set_title(f"{out['model']}, {out['num_prompts']} {out['prompts']} prompts, T = {out['temperature']}")
+    ax2.bar(names, taus, color="tab:orange")
+    ax2.set_ylabel("tau (tokens per target forward)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup(alpha: float, cost_ratio: float, verify_cost, max_n: int, path: str) -> None:
+    """Speedup and expected tokens per target forward against N for one (alpha, c, r)."""
+    from jspec.speedup import estimate
+
+    plt = _pyplot()
+    ns = list(range(1, max_n + 1))
+    ests = [estimate(alpha, n, cost_ratio, verify_cost) for n in ns]
+    fig, ax1 = plt.subplots(figsize=(6, 3.5))
+    ax1.plot(ns, [e.speedup for e in ests], "o-", color="tab:blue", label="speedup")
+    ax1.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax1.set_xlabel("N (drafts per step)")
+    ax1.set_ylabel("speedup over plain decoding", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(ns, [e.expected_tokens for e in ests], "s-", color="tab:orange", label="tokens per call")
+    ax2.set_ylabel("expected tokens per target forward", color="tab:orange")
+    ax1.set_title(f"alpha = {alpha}, c = {cost_ratio}, r = {verify_cost.label}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

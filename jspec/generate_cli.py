@@ -1,0 +1,233 @@
+"""``jspec generate`` and ``jspec bench``: decoders on real models (the parser and the commands;
+:mod:`jspec.cli` is the entry point)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from jspec.cli_common import add_model_options, plot_bench, stream_printer
+
+__all__ = ["add_decode_commands"]
+
+
+def _tree(args):
+    """--tree and its knobs as a draft shape (:func:`jspec.drafters.parse_tree`)."""
+    from jspec.drafters.factory import parse_tree
+
+    return parse_tree(args.tree, top_k=args.tree_top_k, depth=args.tree_depth, total=args.tree_nodes)
+
+
+def _num_draft(args) -> int:
+    """N as the drafters take it: --num-draft, or the shared default for a chain, or the tree's depth."""
+    from jspec.drafters.base import draft_depth
+
+    return draft_depth(args.num_draft, _tree(args))
+
+
+def _check_methods(args, methods) -> None:
+    """The flags each method needs, then the library's rules for methods and trees; said before any
+    model is loaded."""
+    from jspec.drafters.factory import check_options
+
+    if args.config and "auto" not in methods:
+        raise ValueError("--config (a tuned config) is read by method auto; add auto to the methods or drop --config.")
+    if "auto" in methods:
+        if args.config:
+            from jspec.tune.tuned import load_tuned
+
+            # a damaged file, another model's, or one without the temperature's band: refused before any model loads
+            load_tuned(args.config, model=args.model).choose(args.temperature)
+        if methods == ["auto"] and (args.num_draft is not None or args.tree != "chain"):
+            raise ValueError("method auto chooses N and the tree itself; drop --num-draft and --tree.")
+        methods = [m for m in methods if m != "auto"]
+        if not methods:
+            return
+    if "draft" in methods and not args.draft_model:
+        raise ValueError("method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
+    if "ngram" in methods and args.ngram_min > args.ngram_max:
+        raise ValueError(f"--ngram-min ({args.ngram_min}) must not exceed --ngram-max ({args.ngram_max}).")
+    check_options(methods, tree=_tree(args), ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                  draft_model=args.draft_model)  # fmt: skip
+    _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
+
+
+def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
+    """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model,
+    an EAGLE head (``--head``, or the one shipped for ``--model``), or auto (``--config``, else the
+    config tuned for ``workload`` or last for the model, else the cost profile)."""
+    from jspec.api import make_decoder
+
+    if method == "auto":
+        return make_decoder("auto", model, eos_ids=tokenizer.eos_token_ids, config=args.config, model_name=args.model,
+                            workload=workload, head=args.head, draft_model=draft_model or args.draft_model)  # fmt: skip
+    return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, num_draft=args.num_draft, tree=_tree(args),
+                        head=args.head, draft_model=draft_model or args.draft_model, ngram_min=args.ngram_min,
+                        ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
+
+
+def _cmd_generate(args) -> int:
+    from jspec.models.hub import load_model
+    from jspec.sampling import SamplingParams
+
+    sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
+    if not args.prompt:
+        raise ValueError("--prompt is empty; give the text to continue.")
+    _check_methods(args, [args.method])
+    if args.stream and args.json:
+        raise ValueError("--stream prints the text as it comes and --json one object at the end; drop one of them.")
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    ids = tokenizer.encode(text)
+    decoder = _decoder(args.method, args, model, tokenizer)
+    printer = stream_printer(tokenizer) if args.stream else None
+    result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed, on_tokens=printer)
+    new = result.tokens[0]
+    completion = tokenizer.decode(new)
+    if args.json:
+        stats = result.stats() | {"prompt_tokens": len(ids), "method": args.method}
+        print(json.dumps({"text": completion, "tokens": new, "stats": stats}))
+    else:
+        printer.finish(completion) if printer else print(completion)
+        tau = f", tau {result.tau:.2f}" if result.speculative else ""
+        ran = f"auto ran {result.setting} from the {decoder.source}; " if args.method == "auto" else ""
+        print(
+            f"[{ran}{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
+            f"compile {result.compile_seconds:.1f} s]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from jspec.bench import run_interleaved
+    from jspec.models.hub import load_model
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    _check_methods(args, methods)
+    sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
+    prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    draft_model = load_model(args.draft_model, dtype=args.dtype)[0] if "draft" in methods else None
+    workload = args.prompts + (f":{args.category}" if args.category else "")
+    decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload) for method in methods}
+    results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed, progress=not args.json)
+    for method, entry in results.items():
+        print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
+    if "ar" in results:
+        for entry in results.values():
+            entry["speedup"] = entry["tokens_per_s"] / results["ar"]["tokens_per_s"]
+    out = {
+        "model": args.model,
+        "prompts": args.prompts,
+        "category": args.category,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "num_draft": _num_draft(args),
+        "tree": args.tree,
+        "draft_model": args.draft_model,
+        "skip": args.skip,
+        "dtype": str(model.embed[...].dtype),
+        "methods": results,
+    }
+    if args.plot:
+        plot_bench(out, args.plot)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        shape = f"N = {_num_draft(args)}" if args.tree == "chain" else f"tree {args.tree}"
+        print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, {shape}")
+        print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
+        for name, e in results.items():
+            sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
+            ran = f"  (ran {e['setting']})" if name == "auto" else ""
+            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}{ran}")
+    return 0
+
+
+def _add_ngram(p, positive_int) -> None:
+    from jspec.drafters.factory import DEFAULTS
+
+    p.add_argument("--ngram-min", type=positive_int, default=DEFAULTS.ngram_min,
+                   help="prompt lookup: the shortest suffix that counts as a match (default 2: a single "
+                        "repeated token drafts too often in vain; BENCHMARKS.md)")  # fmt: skip
+    p.add_argument("--ngram-max", type=positive_int, default=DEFAULTS.ngram_max,
+                   help="prompt lookup: the longest suffix tried first")  # fmt: skip
+
+
+def _add_tree(p, positive_int) -> None:
+    from jspec.drafters.factory import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
+
+    tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
+    p.add_argument("--tree", default="chain", help=tree_help)
+    num_help = f"N, tokens drafted per step (default {DEFAULTS.num_draft}; a tree's depth is its own)"
+    p.add_argument("--num-draft", type=positive_int, default=None, help=num_help)
+    p.add_argument("--tree-top-k", type=positive_int, default=DEFAULTS.tree_top_k,
+                   help="dynamic tree: children per expanded node")  # fmt: skip
+    p.add_argument("--tree-depth", type=positive_int, default=DEFAULTS.tree_depth, help="dynamic tree: depth")
+    p.add_argument("--tree-nodes", type=positive_int, default=DEFAULTS.tree_nodes,
+                   help="dynamic tree: nodes kept, root included")  # fmt: skip
+
+
+def _methods() -> tuple[str, ...]:
+    from jspec.drafters.factory import METHODS
+
+    return (*METHODS, "auto")
+
+
+def add_decode_commands(sub, positive_int, add_json) -> None:
+    """Adds ``jspec generate`` and ``jspec bench`` to the ``jspec`` parser's subcommands."""
+    p = sub.add_parser("generate", help="generate text with a real model")
+    add_model_options(p)
+    p.add_argument(
+        "--method",
+        default="ar",
+        choices=_methods(),
+        help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
+        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR); auto: what measured fastest here "
+        "(a tuned config from jspec tune, else the cost profile with the adaptive fallback)",
+    )
+    p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
+    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
+    p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
+    _add_tree(p, positive_int)
+    _add_ngram(p, positive_int)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 keeps every token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--stream", action="store_true", help="print the text as tokens are accepted")
+    add_json(p)
+    p.set_defaults(fn=_cmd_generate)
+
+    p = sub.add_parser("bench", help="methods side by side on a prompt set (compilation timed apart)")
+    add_model_options(p)
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="tokens/s and tau per method")
+    p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(_methods())}")
+    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
+    p.add_argument(
+        "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
+    )
+    p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
+    p.add_argument("--category", default=None, help="only prompts of this category")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first K prompts")
+    p.add_argument("--limit", type=positive_int, default=8, help="the first K prompts (after --skip)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-model", default=None)
+    _add_tree(p, positive_int)
+    _add_ngram(p, positive_int)
+    add_json(p)
+    p.set_defaults(fn=_cmd_bench)
