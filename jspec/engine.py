@@ -4,13 +4,10 @@ Prefill the target and the drafter; then, inside one jitted ``lax.while_loop``,
 each step: the drafter proposes a chain of N tokens or a tree, the target scores
 the pending token and the drafts (and any lookahead tokens) in one forward, the
 vmapped verifier accepts a prefix or a path per row, each row's caches roll back
-to its own logical length (a tree's accepted path is moved into place first),
-and end of sequence and the token budget end each row on its own. When no row
-has a draft (prompt lookup found nothing) the step is a plain one-token step
-instead (``lax.cond`` between the two). The engine knows drafters only through
-:class:`jspec.drafters.base.Drafter`.
-
-With an :class:`Adaptive` policy (:mod:`jspec.adaptive`) a step may instead be a plain one where
+to its own length (a tree's accepted path moved into place first), and EOS and the
+budget end each row on its own. A step where no row has a draft is a plain one
+(``lax.cond``). The engine knows drafters only through :class:`jspec.drafters.base.Drafter`.
+With an :class:`Adaptive` policy (:mod:`jspec.adaptive`) a step may be a plain one where
 speculating does not pay, or verify a chain at a narrower width; every step samples exactly.
 """
 
@@ -118,19 +115,15 @@ def _split_logits(logits, width: int):
     return logits[:, :width], logits[:, width:]
 
 
-def _with_lookahead(tokens, offsets, local_mask, lookahead):
-    """Appends a proposal's lookahead tokens to the step's new tokens [B, W]: their offsets, and the
-    local mask [B, W + E, W + E] in which the verified block never sees them."""
-    if lookahead is None:
-        return tokens, offsets, local_mask
-    b, w = tokens.shape
-    e = lookahead.tokens.shape[1]
-    top = jnp.concatenate([local_mask, jnp.zeros((b, w, e), bool)], axis=2)
-    return (
-        jnp.concatenate([tokens, lookahead.tokens], axis=1),
-        jnp.concatenate([offsets, lookahead.offsets], axis=1),
-        jnp.concatenate([top, lookahead.mask], axis=1),
-    )
+def start(target, drafter, prompts, lengths, capacity: int, params, key):
+    """The prefill every speculative decode begins with: (the target's output, its first token [B],
+    the :class:`Context`, the drafter's initial state); shared with :func:`jspec.trace.first_step`."""
+    b, p = prompts.shape
+    out = prefill(target, prompts, lengths, capacity, drafter.hidden_layers)
+    first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
+    history = _append(jnp.zeros((b, capacity), jnp.int32).at[:, :p].set(prompts), lengths, first[:, None])
+    ctx = Context(history, lengths + 1, lengths)
+    return out, first, ctx, drafter.init(prompts, ctx, capacity, params, out.hidden_states)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -150,17 +143,11 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     drafter = merge_drafter(loop.drafter, drafter_leaves)
     n, num_nodes, extra = drafter.num_draft, drafter.num_nodes, drafter.num_lookahead
     width = num_nodes or n + 1  # the verified block: a tree's nodes, or the pending token and N drafts
-    b, p = prompts.shape
+    b = prompts.shape[0]
     capacity = config.capacity(width + extra)
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
     widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's narrower widths
-
-    out = prefill(target, prompts, lengths, capacity, hidden_layers)
-    first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
-    history = jnp.zeros((b, capacity), jnp.int32).at[:, :p].set(prompts)
-    history = _append(history, lengths, first[:, None])
-    ctx = Context(history, lengths + 1, lengths)
-    dstate = drafter.init(prompts, ctx, capacity, params, out.hidden_states)
+    out, first, ctx, dstate = start(target, drafter, prompts, lengths, capacity, params, key)
 
     prior = n if loop.adaptive is None or loop.adaptive.prior is None else loop.adaptive.prior
     init = LoopState(
@@ -196,8 +183,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             local = (
                 None if proposal.lookahead is None else jnp.broadcast_to(jnp.tri(n + 1, dtype=bool), (b, n + 1, n + 1))
             )
-        if local is not None:
-            tokens, offsets, local = _with_lookahead(tokens, offsets, local, proposal.lookahead)
+        if proposal.lookahead is not None:
+            tokens, offsets, local = proposal.lookahead.append_to(tokens, offsets, local)
         mask = None if local is None else tree_attention_mask(ctx.cache_length, local, capacity)
         positions = ctx.cache_length[:, None] + offsets
         counts = proposal.num_drafts if isinstance(proposal, ChainProposal) else None

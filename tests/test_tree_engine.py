@@ -201,3 +201,23 @@ def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkey
         monkeypatch.setattr(DraftModel, "_accepted_path", contiguous)
         broken, _ = committed_cache()
         assert not np.allclose(broken.cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5)
+
+
+def test_first_step_trace_is_the_loops_first_step(target):
+    """jspec.trace.first_step: the tree, the accepted path and the tokens of the loop's first step
+    (sampled: the same keys; a chain and a drafter that finds nothing to draft, a plain step)."""
+    from jspec.drafters import PromptLookup
+    from jspec.sampling import SamplingParams
+    from jspec.trace import first_step
+
+    sampling = SamplingParams.create(1.0)
+    plain = Decoder(target).generate(PROMPTS[:1], 20).tokens
+    oracle = OracleTree(_oracle(PROMPTS[:1], plain))
+    for drafter in (oracle, PromptLookup(num_draft=3)):
+        trace = first_step(target, drafter, PROMPTS[0], sampling, seed=5)
+        got = SpeculativeDecoder(target, drafter).generate(PROMPTS[:1], 12, sampling, seed=5).tokens[0]
+        assert [trace.first_token, *trace.emitted] == got[: 1 + len(trace.emitted)]
+        assert (trace.parents[trace.path[1:]] == trace.path[:-1]).all()  # a path from node 0
+    greedy = first_step(target, oracle, PROMPTS[0])
+    np.testing.assert_array_equal(greedy.path, [0, 2, 6, 14])  # second children all the way down
+    assert greedy.emitted[:3] == plain[0][1:4]

@@ -94,6 +94,17 @@ class Lookahead:
     offsets: jax.Array
     mask: jax.Array
 
+    def append_to(self, tokens, offsets, local_mask):
+        """The step's new tokens [B, W] with these appended: (tokens, offsets, the local mask
+        [B, W + E, W + E] in which the verified block never sees them)."""
+        b, w = tokens.shape
+        top = jnp.concatenate([local_mask, jnp.zeros((b, w, self.tokens.shape[1]), bool)], axis=2)
+        return (
+            jnp.concatenate([tokens, self.tokens], axis=1),
+            jnp.concatenate([offsets, self.offsets], axis=1),
+            jnp.concatenate([top, self.mask], axis=1),
+        )
+
 
 @struct.dataclass
 class ChainProposal:
