@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow lint format clean
+.PHONY: setup demo test test-slow notebooks lint format clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -m "not slow" --durations=15
+
+# Executes every notebook in place with a Jupyter kernel: the outputs and plots GitHub and Colab show.
+notebooks: setup
+	$(BIN)/python notebooks/execute.py
 
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow"

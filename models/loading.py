@@ -50,7 +50,7 @@ def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
 
 def progress(iterable, desc: str, total: int | None = None):
     """A tqdm bar on stderr, silent when stderr is not a terminal and JSPEC_PROGRESS is unset."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     disable = not (sys.stderr.isatty() or os.environ.get("JSPEC_PROGRESS"))
     return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=disable, leave=False)
