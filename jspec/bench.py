@@ -90,9 +90,10 @@ def run_interleaved(
     return {name: total.stats() | {"calls": len(runs[name])} for name, total in totals.items()}
 
 
-def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0) -> dict:
+def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,
+                progress: bool = False) -> dict:  # fmt: skip
     """One decoder over the prompts; see :func:`run_interleaved`."""
-    return run_interleaved({"_": decoder}, prompt_ids, max_new_tokens, sampling, seed)["_"]
+    return run_interleaved({"_": decoder}, prompt_ids, max_new_tokens, sampling, seed, progress=progress)["_"]
 
 
 def predicted_seconds(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 __all__ = ["main"]
@@ -216,13 +217,22 @@ def main(argv: list[str] | None = None) -> int:
         from jspec.batching import enable_compilation_cache
 
         enable_compilation_cache()
+    quiet = getattr(args, "json", False)  # --json: one object on stdout and no progress bars on stderr
+    before = os.environ.get("JSPEC_PROGRESS")
+    if quiet:
+        os.environ["JSPEC_PROGRESS"] = "0"
     try:
         return args.fn(args)
     except ValueError as err:
-        if getattr(args, "json", False):
+        if quiet:
             print(json.dumps({"error": str(err)}))
         print(f"jspec {args.command}: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if quiet and before is None:
+            os.environ.pop("JSPEC_PROGRESS", None)
+        elif quiet:
+            os.environ["JSPEC_PROGRESS"] = before
 
 
 if __name__ == "__main__":

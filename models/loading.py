@@ -49,10 +49,12 @@ def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
 
 
 def progress(iterable, desc: str, total: int | None = None):
-    """A tqdm bar on stderr, silent when stderr is not a terminal and JSPEC_PROGRESS is unset."""
+    """A tqdm bar on stderr: shown where stderr is a terminal or JSPEC_PROGRESS=1, never with JSPEC_PROGRESS=0
+    (what ``--json`` sets)."""
     from tqdm import tqdm
 
-    disable = not (sys.stderr.isatty() or os.environ.get("JSPEC_PROGRESS"))
+    flag = os.environ.get("JSPEC_PROGRESS", "")
+    disable = flag == "0" or not (sys.stderr.isatty() or flag)
     return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=disable, leave=False)
 
 

@@ -128,6 +128,6 @@ def _evaluate_head(head, model, tokenizer, args) -> dict:
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
     decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
-    entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy())
+    entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy(), progress=not args.json)
     return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],
             "acceptance_by_position": entry["acceptance_by_position"]}  # fmt: skip

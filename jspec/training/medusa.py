@@ -1,0 +1,58 @@
+"""The Medusa loss: each head's cross-entropy on the token it predicts, heads weighted by a decay.
+
+Row r holds the target's last-layer output after token r; head k (0-based) predicts token
+r + k + 2 there, which has a loss when it is a response token. Those rows are the ones
+:func:`jspec.training.loss.loss_window` finds for ``num_steps = K``, so the loss runs on that
+window only. Each head's output layer (V wide) is recomputed in the backward pass rather than
+stored (``jax.checkpoint``): K copies of [B, W, V] logits would not fit on a small machine.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jspec.medusa import MedusaHeads
+from jspec.models.llama import linear
+from jspec.training.loss import _rows, window_starts
+
+__all__ = ["medusa_loss"]
+
+
+def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | None = None):
+    """(weighted loss, {"loss": [K], "acc": [K]}): head k's mean cross-entropy and top-1 agreement with
+    the data's token (the target's own response), weighted by ``decay ** k`` (Medusa's λ_k).
+
+    Args:
+      batch: ``tokens`` int32[B, T], ``mask`` bool[B, T] (response tokens), ``top`` [B, T, H]
+        (the target's last layer output).
+      window: rows per example with a loss (:func:`jspec.training.loss.loss_window` with K), or
+        None for every row.
+    """
+    tokens, mask = batch["tokens"], batch["mask"]
+    k = heads.config.num_heads
+    t = tokens.shape[1]
+    w = t - 1 if window is None else window
+    starts = window_starts(mask, k, window)
+    rows = starts[:, None] + jnp.arange(w)[None, :]  # [B, W]
+    states = heads.states(_rows(batch["top"].astype(jnp.float32), rows))  # [B, W, K, H]
+    lm_head = heads.lm_head[...]
+
+    @jax.checkpoint
+    def head_terms(state, target, valid):
+        logits = linear(state, lm_head).astype(jnp.float32)  # [B, W, V]
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
+        count = jnp.maximum(valid.sum(), 1)
+        hit = (jnp.argmax(logits, axis=-1) == target) & valid
+        return jnp.sum(nll * valid) / count, hit.sum() / count
+
+    losses, accs = [], []
+    for i in range(k):
+        ahead = rows + i + 2
+        loss, acc = head_terms(states[:, :, i], _rows(tokens, ahead), _rows(mask, ahead, False))
+        losses.append(loss)
+        accs.append(acc)
+    losses, accs = jnp.stack(losses), jnp.stack(accs)
+    total = jnp.sum(losses * decay ** jnp.arange(k, dtype=jnp.float32))
+    return total, {"loss": losses, "acc": accs}

@@ -1,0 +1,130 @@
+"""Medusa heads: exact drafting (greedy equality, a chi-square at T = 1 with a negative control), the
+heads' files, training with resume, and the inputs refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from stats_util import LEVEL
+from tiny import peaked_model, tiny_model
+
+from jspec.decode import Decoder
+from jspec.drafters import MedusaDrafter
+from jspec.engine import SpeculativeDecoder
+from jspec.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
+from jspec.tree import DynamicTreeSpec, StaticTree
+
+V = 97
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("qwen2", seed=0, num_layers=3)
+
+
+def random_heads(target, k=4, seed=1, scale=0.3):
+    heads = MedusaHeads(MedusaConfig.for_target(target.config, k), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(seed)
+    heads.w[...] = jnp.asarray(scale * rng.standard_normal(heads.w[...].shape), jnp.float32)
+    heads.b[...] = jnp.asarray(scale * rng.standard_normal(heads.b[...].shape), jnp.float32)
+    heads.attach_target(target)
+    return heads
+
+
+def test_untrained_heads_repeat_the_targets_prediction(target):
+    """W = 0 at the start: every head's logits are the target's own at that position."""
+    heads = MedusaHeads(MedusaConfig.for_target(target.config, 3), rngs=nnx.Rngs(0))
+    heads.attach_target(target)
+    ids = jnp.asarray([PROMPTS[0]])
+    out = target(ids, jnp.arange(6)[None], target.init_cache(1, 8), hidden_layers=(2,))
+    got = heads.logits(out.hidden_states[0])  # [1, 6, K, V]
+    for k in range(3):
+        np.testing.assert_allclose(np.asarray(got[:, :, k]), np.asarray(out.logits), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_medusa_greedy_equals_plain_greedy(target, shape):
+    tree = StaticTree.from_branching([3, 2, 1]) if shape == "tree" else None
+    drafter = MedusaDrafter.from_heads(random_heads(target), target, tree=tree, num_draft=None if tree else 3)
+    got = SpeculativeDecoder(target, drafter).generate(PROMPTS, 24)
+    assert got.tokens == Decoder(target).generate(PROMPTS, 24).tokens
+    assert drafter.num_draft == 3 and got.verify_steps > 0
+
+
+def test_medusa_sampling_has_the_target_distribution_with_negative_control():
+    """T = 1, 6000 rows: tokens 2-4 against plain sampling's, with the real chain verifier and with
+    one that skips the residual (which must fail)."""
+    from scipy import stats
+
+    from jspec.check import two_sample_chi2, verify_chain_without_residual
+    from jspec.sampling import SamplingParams
+    from jspec.verify import verify_chain
+
+    prompts = [[7, 8, 9, 10]] * 6000
+    params = SamplingParams.create(temperature=1.0)
+    target = peaked_model(seed=5)
+    plain = np.array(Decoder(target).generate(prompts, 4, params, seed=1).tokens)
+    drafter = MedusaDrafter.from_heads(random_heads(target, k=3, seed=2, scale=0.5), target)
+
+    def p_value(verifier):
+        result = SpeculativeDecoder(target, drafter, verifier=jax.vmap(verifier)).generate(prompts, 4, params, seed=2)
+        assert sum(result.accept_hist[1:]) > 0 and result.accept_hist[0] > 0  # accepts and rejects both happen
+        spec = np.array(result.tokens)
+        chi2, dof = 0.0, 0
+        for j in (1, 2, 3):
+            c, d = two_sample_chi2(np.bincount(spec[:, j], minlength=V), np.bincount(plain[:, j], minlength=V))
+            chi2, dof = chi2 + c, dof + d
+        return stats.chi2.sf(chi2, dof)
+
+    assert p_value(verify_chain) > LEVEL
+    assert p_value(verify_chain_without_residual) < LEVEL
+
+
+def test_medusa_heads_save_load_and_refuse_bad_files(target, tmp_path):
+    heads = random_heads(target)
+    save_medusa(heads, tmp_path / "m", recipe={"note": "test"})
+    loaded = load_medusa(tmp_path / "m", target)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, target.config.hidden_size))
+    np.testing.assert_allclose(np.asarray(loaded.logits(x)), np.asarray(heads.logits(x)), rtol=2e-2, atol=2e-2)
+    other = tiny_model("llama", seed=0, hidden_size=48, head_dim=12)
+    with pytest.raises(ValueError, match="built for hidden"):
+        load_medusa(tmp_path / "m", other)
+    weights = tmp_path / "m" / "medusa.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        load_medusa(tmp_path / "m", target)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "head.json").write_text("{}")
+    with pytest.raises(ValueError, match="EAGLE head"):
+        load_medusa(tmp_path / "e", target)
+
+
+def test_medusa_options_are_refused_clearly(target):
+    with pytest.raises(ValueError, match="at least one head"):
+        MedusaConfig.for_target(target.config, 0)
+    heads = random_heads(target, k=2)
+    with pytest.raises(ValueError, match="only 2 Medusa heads"):
+        MedusaDrafter.from_heads(heads, target, tree=StaticTree.from_branching([2, 2, 2]))
+    with pytest.raises(ValueError, match="needs 3 Medusa heads"):
+        MedusaDrafter.from_heads(heads, target, num_draft=3)
+    with pytest.raises(ValueError, match="static trees"):
+        MedusaDrafter.from_heads(heads, target, tree=DynamicTreeSpec(top_k=2, depth=2, total=5))
+
+
+def test_tree_children_are_each_heads_top_tokens(target):
+    """Medusa choices: below every node of depth d - 1, head d's k_d most likely tokens, best first."""
+    from jspec.trace import first_step
+
+    heads = random_heads(target, k=3)
+    drafter = MedusaDrafter.from_heads(heads, target, tree=StaticTree.from_branching([3, 2]))
+    trace = first_step(target, drafter, PROMPTS[0])
+    out = target(jnp.asarray([PROMPTS[0]]), jnp.arange(6)[None], target.init_cache(1, 8), hidden_layers=(2,))
+    logits = np.asarray(heads.logits(out.hidden_states[0][:, -1]))[0]  # [K, V] after the prompt
+    top = np.argsort(-logits, axis=-1)
+    for j in range(1, len(trace.tokens)):
+        d = trace.depths[j]
+        siblings = [i for i in range(1, len(trace.tokens)) if trace.parents[i] == trace.parents[j]]
+        assert trace.tokens[j] == top[d - 1, siblings.index(j)]
+    assert (trace.depths == 1).sum() == 3 and (trace.depths == 2).sum() == 6
