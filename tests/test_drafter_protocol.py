@@ -81,13 +81,15 @@ def test_lookahead_tokens_are_scored_but_never_verified_or_seen(target, monkeypa
         assert _probe_run(target)[1][1] > 0
         monkeypatch.undo()
         # ... and a verified block that sees the lookahead tokens.
-        original = jspec.engine._with_lookahead
+        from jspec.drafters.base import Lookahead
 
-        def leaky(tokens, offsets, local, lookahead):
-            tokens, offsets, mask = original(tokens, offsets, local, lookahead)
+        original = Lookahead.append_to
+
+        def leaky(self, tokens, offsets, local):
+            tokens, offsets, mask = original(self, tokens, offsets, local)
             return tokens, offsets, mask.at[:, :3, 3:].set(True)
 
-        monkeypatch.setattr(jspec.engine, "_with_lookahead", leaky)
+        monkeypatch.setattr(Lookahead, "append_to", leaky)
         jax.clear_caches()
         assert _probe_run(target)[0] != plain
     finally:
