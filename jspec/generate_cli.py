@@ -10,6 +10,8 @@ from jspec.cli_common import add_model_options, plot_bench, stream_printer
 
 __all__ = ["add_decode_commands"]
 
+HEAD_HELP = "folder of a trained EAGLE head or of Medusa heads (default: the EAGLE head shipped for --model)"
+
 
 def _tree(args):
     """--tree and its knobs as a draft shape (:func:`jspec.drafters.parse_tree`)."""
@@ -190,11 +192,14 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
         default="ar",
         choices=_methods(),
         help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
-        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR); auto: what measured fastest here "
+        "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR); medusa: Medusa heads (--head DIR); "
+        "auto: what measured fastest here "
         "(a tuned config from jspec tune, else the cost profile with the adaptive fallback)",
     )
     p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
-    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
+    p.add_argument(
+        "--head", default=None, help="folder of a trained EAGLE head or Medusa heads (default: the one shipped)"
+    )
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     _add_tree(p, positive_int)
     _add_ngram(p, positive_int)
@@ -213,7 +218,9 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     add_model_options(p)
     p.add_argument("--plot", default=None, metavar="FILE.png", help="tokens/s and tau per method")
     p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(_methods())}")
-    p.add_argument("--head", default=None, help="folder of a trained EAGLE head (default: the one shipped)")
+    p.add_argument(
+        "--head", default=None, help="folder of a trained EAGLE head or Medusa heads (default: the one shipped)"
+    )
     p.add_argument(
         "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"
     )

@@ -132,7 +132,7 @@ def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
 def shipped_head(model_name: str, kind: str = "eagle3") -> pathlib.Path:
     """The folder of the draft head trained for a registered model and shipped with jspec."""
     folder = pathlib.Path(__file__).parent / "heads" / f"{model_name}-{kind}"
-    if not (folder / "head.json").exists():
+    if not ((folder / "head.json").exists() or (folder / "medusa.json").exists()):
         have = sorted(p.name for p in (pathlib.Path(__file__).parent / "heads").glob("*") if p.is_dir())
         raise ValueError(
             f"no {kind} head ships for {model_name!r} (shipped: {', '.join(have) or 'none'}); train one with "

@@ -153,26 +153,32 @@ def test_bench_json(capsys, smollm2, tmp_path):
     assert "tokens/s" in capsys.readouterr().out  # the table without --json
 
 
-def test_generate_stream_prints_the_same_text_as_it_comes(capsys, smollm2):
-    """--stream: the text arrives in pieces (one callback per loop step) and ends as the plain output."""
-    argv = ["generate", "--method", "ngram", "--prompt", "one two three one two three one", "--max-new-tokens", "16"]
-    assert main(argv) == 0
-    whole = capsys.readouterr().out
-    from jspec.cli_common import _StreamPrinter
+def test_stream_printer_shows_the_text_as_it_comes():
+    """generate --stream's printer on a tiny model: pieces per loop step, the same text at the end."""
+    import io
 
-    pieces = []
-    real_show = _StreamPrinter._show
+    from tiny import tiny_model
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    def spy(self, text):
-        pieces.append(text)
-        real_show(self, text)
+    from jspec.cli_common import stream_printer
+    from jspec.decode import Decoder
+    from jspec.models.tokenizer import TextTokenizer
 
-    _StreamPrinter._show = spy
-    try:
-        assert main([*argv, "--stream"]) == 0
-    finally:
-        _StreamPrinter._show = real_show
-    assert capsys.readouterr().out == whole and len(pieces) > 1
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(97)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    words.decoder = decoders.WordPiece(prefix="##")
+    tok = TextTokenizer(words, eos_token_ids=())
+    out = io.StringIO()
+    printer = stream_printer(tok, out)
+    shown = []
+    real = printer._show
+    printer._show = lambda text: (shown.append(text), real(text))
+    result = Decoder(tiny_model()).generate([[5, 6, 7]], 12, on_tokens=printer)
+    printer.finish(tok.decode(result.tokens[0]))
+    assert out.getvalue() == tok.decode(result.tokens[0]) + "\n"
+    assert len(shown) == 11  # one callback per loop step after the first token
 
 
 def test_speedup_plot_and_help_defaults(capsys, tmp_path):

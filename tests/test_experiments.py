@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -33,6 +35,7 @@ def test_bench_spec_tiny(tmp_path, smollm2):
     assert (tmp_path / "bench_spec.json").exists()
 
 
+@pytest.mark.slow  # 60 s; the adaptive loop itself is tested in test_adaptive.py (CI time, 2026-12-01)
 def test_adaptive_fallback_tiny(tmp_path, smollm2):
     report = _load("adaptive_fallback").main(["--tiny", "--out", str(tmp_path)])
     results = report["results"]
@@ -120,6 +123,7 @@ def test_warm_start_small(tmp_path, smollm2):
     assert (tmp_path / "o" / "warm_start.json").exists()
 
 
+@pytest.mark.slow  # 90 s; tune and auto are tested in test_auto.py and notebook 05 (CI time, 2026-12-01)
 def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
     """Tune on one HumanEval prompt, then auto beside plain and prompt lookup on another; the
     profile and tuned config go to a cache of the test's own (the model and wheels linked in)."""

@@ -128,3 +128,82 @@ def test_tree_children_are_each_heads_top_tokens(target):
         siblings = [i for i in range(1, len(trace.tokens)) if trace.parents[i] == trace.parents[j]]
         assert trace.tokens[j] == top[d - 1, siblings.index(j)]
     assert (trace.depths == 1).sum() == 3 and (trace.depths == 2).sum() == 6
+
+
+def _medusa_trainer(heads, checkpoint_dir=None, **kw):
+    from jspec.training import TrainConfig, Trainer
+
+    config = {"num_steps": heads.config.num_heads, "batch_size": 4, "total_steps": 40, "warmup_steps": 5,
+              "learning_rate": 1e-2}  # fmt: skip
+    return Trainer.for_medusa(heads, TrainConfig(**(config | kw)), checkpoint_dir)
+
+
+def _zero_heads(target, k=3):
+    heads = MedusaHeads(MedusaConfig.for_target(target.config, k), rngs=nnx.Rngs(0))
+    heads.attach_target(target)
+    return heads
+
+
+def test_medusa_training_lowers_the_loss_and_raises_agreement():
+    from test_eagle import _data
+
+    from jspec.training.medusa import medusa_loss
+
+    target = peaked_model("qwen2", seed=0, num_layers=4, scale=1.0)  # peaked: a target worth imitating
+    data = _data(target)
+    heads = _zero_heads(target)
+    trainer = _medusa_trainer(heads, total_steps=150)
+    batch = {k: jnp.asarray(v[:8]) for k, v in data.items()}
+    before, m0 = medusa_loss(heads, batch, 0.8)
+    trainer.fit(data)
+    after, m1 = medusa_loss(trainer.head(), batch, 0.8)
+    assert float(after) < float(before) - 1.0
+    assert float(m1["acc"][0]) > float(m0["acc"][0]) + 0.1
+    with pytest.raises(ValueError, match="must equal the number of Medusa heads"):
+        _medusa_trainer(heads, num_steps=2)
+
+
+def test_stopped_medusa_training_resumes_where_an_uninterrupted_run_ends(tmp_path):
+    """Stopped after step 5 (checkpoints every 2 steps; ``fit`` saves its last step too): the next trainer
+    restores step 5 and ends where one that never stopped ends. (A run killed with SIGKILL restores its
+    last interval's checkpoint: the same restore, tested on EAGLE heads in test_eagle.py.)"""
+    from test_eagle import _data
+
+    target = tiny_model("qwen2", seed=0, num_layers=4)
+    data = _data(target, n=12)
+    first = _medusa_trainer(_zero_heads(target), tmp_path / "ckpt", total_steps=8, checkpoint_every=2)
+    first.fit(data, until=5)
+    resumed = _medusa_trainer(_zero_heads(target), tmp_path / "ckpt", total_steps=8, checkpoint_every=2)
+    assert resumed.restore() and resumed.step == 5
+    resumed.fit(data)
+    straight = _medusa_trainer(_zero_heads(target), total_steps=8)
+    straight.fit(data)
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, capsys):
+    """`jspec train medusa --tiny` stopped halfway and run again (it resumes), then the saved heads
+    draft chains and a Medusa tree on the real model through the command line, token for token the
+    plain greedy output."""
+    import json
+
+    from jspec.cli import main
+
+    out = tmp_path / "medusa"
+    argv = ["train", "medusa", "--tiny", "--out", str(out), "--eval-prompts", "0", "--json"]
+    assert main([*argv, "--stop-after", "6"]) == 0
+    assert not (out / "medusa.json").exists()  # not finished: nothing saved yet
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["report"]
+    assert report["resumed_from"] == 6 and report["steps"] == 12 and len(report["final"]["acc"]) == 3
+    prompt = ["generate", "--prompt", "Write a haiku about the sea.", "--chat", "--max-new-tokens", "24", "--json"]
+    runs = {}
+    for name, extra in {"ar": [], "chain": ["--method", "medusa", "--head", str(out)],
+                        "tree": ["--method", "medusa", "--head", str(out), "--tree", "3,2,1"]}.items():  # fmt: skip
+        assert main([*prompt, *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["chain"]["tokens"] == runs["ar"]["tokens"] == runs["tree"]["tokens"]
+    assert runs["chain"]["stats"]["target_calls"] < runs["ar"]["stats"]["target_calls"] + 1
+    assert main(["train", "medusa", "--tiny", "--out", str(tmp_path / "x"), "--draft-vocab", "512"]) == 2
+    assert "EAGLE option" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from jspec.tree import DynamicTreeSpec, StaticTree
 
 __all__ = ["DEFAULTS", "DRAFT_METHODS", "METHODS", "Defaults", "check_options", "make_drafter", "parse_tree"]
 
-METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1")
+METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1", "medusa")
 DRAFT_METHODS = METHODS[1:]  # "ar" is plain decoding: no drafter
 
 
@@ -85,6 +85,9 @@ def check_options(methods: Sequence[str], *, tree=None, ngram_min: int = DEFAULT
         return
     if "draft" in methods and not isinstance(tree, StaticTree):
         raise ValueError(f"a draft model drafts static trees (a branching list such as 2,2,2) or chains; got {tree}.")
+    if "medusa" in methods and not isinstance(tree, StaticTree):
+        raise ValueError(f"Medusa heads draft static trees (a branching list such as 3,2,1: head d's top tokens at "
+                         f"depth d) or chains; got {tree}.")  # fmt: skip
     if "ngram" in methods and _lookup_paths(tree) is None:
         raise ValueError(f"prompt lookup drafts chains or trees of several continuations, M,1,...,1 (M paths of "
                          f"equal depth); got {tree}.")  # fmt: skip
@@ -105,12 +108,13 @@ def make_drafter(
     """The drafter for a method, ready for :class:`jspec.SpeculativeDecoder`.
 
     Args:
-      method: "ngram" (prompt lookup), "draft" (a separate draft model), "eagle3" or "eagle1".
+      method: "ngram" (prompt lookup), "draft" (a separate draft model), "eagle3", "eagle1" or "medusa".
       target: the target model.
       num_draft: N for a chain (default :data:`DEFAULTS`); a tree's depth is its own (leave it out).
       tree: a chain (None), "dynamic", a branching such as "2,2,2", or a tree object (:func:`parse_tree`).
-      head: EAGLE: a :class:`jspec.heads.DraftHead` or a saved head's folder; default the head
-        shipped for ``model_name``.
+      head: EAGLE: a :class:`jspec.heads.DraftHead` or a saved head's folder; Medusa:
+        :class:`jspec.medusa.MedusaHeads` or their folder (N defaults to every head); default the
+        head shipped for ``model_name``.
       draft_model: "draft": a model, or a registry name or folder to load.
       ngram_min, ngram_max: prompt lookup's shortest and longest suffix.
       model_name: the target's registry name (finds the shipped head).
@@ -119,7 +123,7 @@ def make_drafter(
     if method == "ar":
         raise ValueError("method 'ar' is plain decoding and has no drafter; use jspec.Decoder (or jspec.make_decoder).")
     tree = parse_tree(tree)
-    num_draft = draft_depth(num_draft, tree)
+    asked, num_draft = num_draft, draft_depth(num_draft, tree)
     if method == "ngram":
         from jspec.drafters.prompt_lookup import PromptLookup
 
@@ -143,6 +147,10 @@ def make_drafter(
         from jspec.models.hub import shipped_head
 
         head = shipped_head(model_name, method)
+    if method == "medusa":
+        from jspec.drafters.medusa import MedusaDrafter
+
+        return MedusaDrafter.from_heads(head, target, num_draft=asked, tree=tree)
     if not isinstance(head, DraftHead):  # a folder: loaded once, its kind read from the loaded head
         from jspec.heads import load_head
 

@@ -11,8 +11,8 @@ __all__ = ["add_train_command"]
 
 def add_train_command(sub, positive_int, add_json) -> None:
     """Registers ``jspec train`` on the command line's subparsers."""
-    p = sub.add_parser("train", help="train a draft head (EAGLE-3 with training-time test, or EAGLE-1)")
-    p.add_argument("kind", choices=["eagle3", "eagle1"])
+    p = sub.add_parser("train", help="train a draft head (EAGLE-3 with training-time test, EAGLE-1, or Medusa heads)")
+    p.add_argument("kind", choices=["eagle3", "eagle1", "medusa"])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", required=True, help="folder for the head, its checkpoints and (by default) its data")
     p.add_argument("--data", default=None, help="training data folder (made there once; default OUT/data)")
@@ -41,11 +41,19 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--seq-len", type=positive_int, default=256)
     p.add_argument("--max-new-tokens", type=positive_int, default=192, help="response length when regenerating")
     p.add_argument("--gen-batch", type=positive_int, default=16)
-    p.add_argument("--draft-vocab", type=positive_int, default=8192, help="K most frequent target tokens")
+    p.add_argument(
+        "--draft-vocab",
+        type=positive_int,
+        default=None,
+        help="EAGLE: the K most frequent target tokens (default 8192; Medusa drafts from the whole vocabulary)",
+    )
+    p.add_argument("--medusa-heads", type=positive_int, default=None, help="Medusa: heads K (default 4)")
+    p.add_argument("--decay", type=float, default=0.8,
+                   help="loss weight of TTT step / Medusa head k: decay ** k")  # fmt: skip
     p.add_argument("--feature-layers", default=None, help="e.g. 2,15,27 (default: 2, L/2, L-3)")
     p.add_argument("--steps", type=positive_int, default=1000)
     p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--ttt-steps", type=positive_int, default=7, help="training-time-test steps (1: none)")
+    p.add_argument("--ttt-steps", type=positive_int, default=None, help="EAGLE-3: training-time-test steps (default 7)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: min(50, steps // 10))")
     p.add_argument("--checkpoint-every", type=positive_int, default=200)
@@ -75,20 +83,32 @@ def _cmd_train(args) -> int:
     if args.init and args.warm_start:
         raise ValueError("--warm-start starts a new head from the target's weights and --init from a saved head; "
                          "pass one of them.")  # fmt: skip
+    medusa = args.kind == "medusa"
+    for flag, value in (("--draft-vocab", args.draft_vocab), ("--ttt-steps", args.ttt_steps)):
+        if medusa and value is not None:
+            raise ValueError(f"{flag} is an EAGLE option; Medusa heads draft from the whole vocabulary, one head "
+                             "per position (--medusa-heads).")  # fmt: skip
+    if args.medusa_heads is not None and not medusa:
+        raise ValueError("--medusa-heads is for `jspec train medusa`.")
+    if args.ttt_steps is not None and args.kind == "eagle1":
+        raise ValueError("--ttt-steps is for EAGLE-3 heads (EAGLE-1 trains without training-time test).")
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
                                      warm_start=args.warm_start)  # fmt: skip
+        if medusa and args.medusa_heads:
+            recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, num_steps=args.medusa_heads))
     else:
         warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
+        steps = {"eagle1": 1, "eagle3": args.ttt_steps or 7, "medusa": args.medusa_heads or 4}[args.kind]
         train = TrainConfig(
-            num_steps=1 if args.kind == "eagle1" else args.ttt_steps, batch_size=args.batch_size,
+            num_steps=steps, batch_size=args.batch_size, decay=args.decay,
             total_steps=args.steps, warmup_steps=warmup, learning_rate=args.lr,
             checkpoint_every=args.checkpoint_every, seed=args.seed,
         )  # fmt: skip
         layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
         recipe = Recipe(
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
-            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab, feature_layers=layers, train=train,
+            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or 8192, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
@@ -126,7 +146,12 @@ def _evaluate_head(head, model, tokenizer, args) -> dict:
 
     prompts = load_prompts("mt-bench", None, args.eval_prompts)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
+    if args.kind == "medusa":
+        from jspec.drafters import MedusaDrafter
+
+        drafter = MedusaDrafter.from_heads(head, model, num_draft=min(args.num_draft, head.config.num_heads))
+    else:
+        drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)
     decoder = SpeculativeDecoder(model, drafter, eos_ids=tokenizer.eos_token_ids)
     entry = run_prompts(decoder, ids, args.eval_tokens, SamplingParams.greedy(), progress=not args.json)
     return {"prompts": "mt-bench", "count": len(ids), "num_draft": args.num_draft, "tau": entry["tau"],

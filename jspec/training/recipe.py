@@ -10,7 +10,8 @@ import time
 import numpy as np
 from flax import nnx
 
-from jspec.heads import DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
+from jspec.heads import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
+from jspec.medusa import MedusaConfig, MedusaHeads, save_medusa
 from jspec.training.data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
 from jspec.training.trainer import TrainConfig, Trainer
 
@@ -41,6 +42,11 @@ class Recipe:
     warm_start: bool = False  # a new head starts from the target's weights (DraftHead.warm_start)
 
     def __post_init__(self):
+        if self.kind not in (*KINDS, "medusa"):
+            raise ValueError(f"unknown head kind {self.kind!r}; choose from {', '.join((*KINDS, 'medusa'))}.")
+        if self.kind == "medusa" and (self.init_from or self.warm_start):
+            raise ValueError("Medusa heads start at zero (each repeats the target); init_from and warm_start are "
+                             "for EAGLE heads.")  # fmt: skip
         if self.prompt_source not in PROMPT_SOURCES:
             raise ValueError(f"unknown prompt source {self.prompt_source!r}; choose from {', '.join(PROMPT_SOURCES)}.")
         if self.init_from and self.warm_start:
@@ -48,8 +54,10 @@ class Recipe:
 
     @classmethod
     def tiny(cls, kind: str = "eagle3") -> Recipe:
-        """Small enough for tests and notebooks (8 prompts, 12 steps); the head it makes is not useful."""
-        train = TrainConfig(num_steps=2 if kind == "eagle3" else 1, batch_size=4, total_steps=12, warmup_steps=2,
+        """Small enough for tests and notebooks (8 prompts, 12 steps); the head it makes is not useful.
+        (``train.num_steps``: TTT steps for EAGLE-3; for Medusa, the number of heads.)"""
+        steps = {"eagle3": 2, "eagle1": 1, "medusa": 3}.get(kind, 1)
+        train = TrainConfig(num_steps=steps, batch_size=4, total_steps=12, warmup_steps=2,
                             checkpoint_every=4, learning_rate=1e-3)  # fmt: skip
         return cls(kind, num_prompts=8, seq_len=128, max_new_tokens=24, gen_batch=8, draft_vocab=512, train=train)
 
@@ -120,22 +128,17 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     t0 = time.perf_counter()
     data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
     data_seconds = time.perf_counter() - t0
-    config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
-    same = {"model": model_name, "feature_layers": list(config.feature_layers), "seq_len": recipe.seq_len}
-    data, extra_metas = load_extra_data(extra_data, data, same)
-    if recipe.init_from:  # fine-tuning keeps the starting head's draft vocabulary
-        head = load_head(recipe.init_from, target)
-        if head.config != config:
-            raise ValueError(f"the head to start from, {recipe.init_from}, was made as {head.config}, not {config}; "
-                             "match the kind, draft vocabulary and feature layers to it.")  # fmt: skip
-        d2t = np.asarray(head.d2t[...])
+    if recipe.kind == "medusa":  # the data's top layer only; the target's whole vocabulary (tied output)
+        layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
+        same = {"model": model_name, "feature_layers": list(layers), "seq_len": recipe.seq_len}
+        data, extra_metas = load_extra_data(extra_data, data, same)
+        head = MedusaHeads(MedusaConfig.for_target(target.config, recipe.train.num_steps), rngs=nnx.Rngs(0))
+        head.attach_target(target)
+        d2t = np.arange(target.config.vocab_size)
+        trainer = Trainer.for_medusa(head, recipe.train, out_dir / "checkpoints")
     else:
-        d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
-        head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
-        head.attach_target(target, d2t)
-        if recipe.warm_start:
-            head.warm_start(target)
-    trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
+        head, d2t, extra_metas, data = _eagle_head(target, recipe, data, extra_data, model_name)
+        trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
     resumed_from = trainer.step if trainer.restore() else None
     t1 = time.perf_counter()
     tick = bar("training", recipe.train.total_steps, start=trainer.step)
@@ -155,8 +158,29 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     }
     if trainer.step >= recipe.train.total_steps:
         recipe_dict = dataclasses.asdict(recipe) | {"model": model_name}
-        save_head(head, out_dir, recipe=recipe_dict | {"report": report})
+        save = save_medusa if recipe.kind == "medusa" else save_head
+        save(head, out_dir, recipe=recipe_dict | {"report": report})
     return head, report
+
+
+def _eagle_head(target, recipe: Recipe, data: dict, extra_data, model_name: str):
+    """(a new or fine-tuned EAGLE head, its draft vocabulary map, the extra data sets' metas, the joined data)."""
+    config = HeadConfig.for_target(target.config, recipe.kind, recipe.draft_vocab, recipe.feature_layers)
+    same = {"model": model_name, "feature_layers": list(config.feature_layers), "seq_len": recipe.seq_len}
+    data, extra_metas = load_extra_data(extra_data, data, same)
+    if recipe.init_from:  # fine-tuning keeps the starting head's draft vocabulary
+        head = load_head(recipe.init_from, target)
+        if head.config != config:
+            raise ValueError(f"the head to start from, {recipe.init_from}, was made as {head.config}, not {config}; "
+                             "match the kind, draft vocabulary and feature layers to it.")  # fmt: skip
+        d2t = np.asarray(head.d2t[...])
+    else:
+        d2t = draft_vocabulary(data["counts"], recipe.draft_vocab)
+        head = DraftHead(config, rngs=nnx.Rngs(recipe.train.seed))
+        head.attach_target(target, d2t)
+        if recipe.warm_start:
+            head.warm_start(target)
+    return head, d2t, extra_metas, data
 
 
 def _progress_bar(enabled: bool):

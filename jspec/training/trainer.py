@@ -69,11 +69,16 @@ def batch_order(num_examples: int, batch_size: int, step: int, seed: int) -> np.
 
 
 class Trainer:
-    """Trains a head on prepared data; checkpoints and resumes with orbax."""
+    """Trains a head on prepared data; checkpoints and resumes with orbax.
+
+    The loss is EAGLE's (:func:`head_loss`, against the target's final norm and output rows), or
+    ``loss(head, batch, window) -> (loss, metrics)`` for another kind of head (:meth:`for_medusa`).
+    """
 
     def __init__(self, head: DraftHead, target_norm, target_rows, rms_eps: float, config: TrainConfig,
-                 checkpoint_dir: str | pathlib.Path | None = None):  # fmt: skip
+                 checkpoint_dir: str | pathlib.Path | None = None, loss=None):  # fmt: skip
         self.config = config
+        self.loss = loss
         self.graphdef, params, self.frozen = nnx.split(head, nnx.Param, ...)
         # The trainer owns (and donates) its own copies: a parameter that shares a buffer with the
         # target or the frozen arrays (a head initialized from the target's weights) stays intact.
@@ -81,7 +86,7 @@ class Trainer:
         self.tx = make_optimizer(config)
         self.opt_state = self.tx.init(self.params)
         self.step = 0
-        self.target = (jnp.asarray(target_norm), jnp.asarray(target_rows))
+        self.target = () if target_norm is None else (jnp.asarray(target_norm), jnp.asarray(target_rows))
         self.rms_eps = rms_eps
         self.manager = None
         if checkpoint_dir is not None:
@@ -101,11 +106,25 @@ class Trainer:
         rows = target.output_weights()[head.d2t[...]]
         return cls(head, target.final_norm_weight(), rows, target.config.rms_eps, config, checkpoint_dir)
 
+    @classmethod
+    def for_medusa(cls, heads, config: TrainConfig, checkpoint_dir=None) -> Trainer:
+        """A trainer of Medusa heads (attached to their target): :func:`jspec.training.medusa.medusa_loss`
+        with ``config.decay`` per head; ``config.num_steps`` must be the number of heads (the loss window)."""
+        from jspec.training.medusa import medusa_loss
+
+        if config.num_steps != heads.config.num_heads:
+            raise ValueError(f"config.num_steps ({config.num_steps}) must equal the number of Medusa heads "
+                             f"({heads.config.num_heads}): it sizes the loss window.")  # fmt: skip
+        loss = lambda head, batch, window: medusa_loss(head, batch, config.decay, window)  # noqa: E731
+        return cls(heads, None, None, 0.0, config, checkpoint_dir, loss=loss)
+
     def _train_step(self, params, opt_state, frozen, target, batch, window=None):
         c = self.config
 
         def loss_fn(params):
             head = nnx.merge(self.graphdef, params, frozen)
+            if self.loss is not None:
+                return self.loss(head, batch, window)
             return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight, window)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
