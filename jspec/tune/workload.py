@@ -133,7 +133,7 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
         raise ValueError(f"the cost profile lacks {missing}; measure them: jspec tune profile --force ...")
     decoders = {s.name: decoder(s) for s in (PLAIN, *probes)}
     log(f"  T = {temperature}, batch {batch}: probing {', '.join(decoders)} ...")
-    first = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch)
+    first = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch, progress=True)
     prefills = run_interleaved({PLAIN.name: decoders[PLAIN.name]}, prompt_ids, 1, sampling, seed=seed, batch=batch)
     first[PLAIN.name]["prefill_seconds"] = prefills[PLAIN.name]["seconds"]
     for s in probes:
@@ -162,7 +162,7 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
         chosen.append(adaptive)
     decoders = {s.name: decoder(s) for s in (PLAIN, *chosen)}
     log(f"  T = {temperature}, batch {batch}: measuring {', '.join(decoders)} ...")
-    second = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch)
+    second = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch, progress=True)
     plain_rate = second[PLAIN.name]["tokens_per_s"]
     for name, entry in second.items():
         _measured(rows[name], entry, plain_rate, "verify")
