@@ -23,15 +23,17 @@ def source_sha256(cell) -> str:
     return hashlib.sha256(cell["source"].encode()).hexdigest()
 
 
-def execute(path: pathlib.Path, *, timeout: int = 1200, write: bool = True):
-    """Runs ``path`` top to bottom in a fresh kernel (working directory: the notebooks folder); returns
-    the executed notebook and its wall time. Raises ``nbclient.exceptions.CellExecutionError`` on an error."""
+def execute(path: pathlib.Path, *, timeout: int = 1200, write: bool = True, env: dict | None = None):
+    """Runs ``path`` top to bottom in a fresh kernel (working directory: the notebooks folder; ``env``:
+    the kernel's environment, default this process's); returns the executed notebook and its wall time.
+    Raises ``nbclient.exceptions.CellExecutionError`` on an error."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}})
+    client.execute(**({} if env is None else {"env": env}))
     seconds = time.perf_counter() - t0
     for cell in nb.cells:
         if cell.cell_type == "code":

@@ -40,7 +40,7 @@ def test_make_drafter_builds_each_method(target, tmp_path):
 @pytest.mark.parametrize(
     ("method", "options", "message"),
     [
-        ("medusa", {}, "unknown method"),
+        ("eagle9", {}, "unknown method"),
         ("ar", {}, "plain decoding"),
         ("ngram", {"tree": "2,2,2"}, "M,1,...,1"),
         ("ngram", {"ngram_min": 4, "ngram_max": 3}, "ngram_min <= ngram_max"),

@@ -26,6 +26,7 @@ def test_speedup_table_tiny(tmp_path, capsys):
     assert "Sweep at alpha = 0.9" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 40 s; bench_spec's pieces (run_interleaved, predictions) are tested in test_bench.py
 def test_bench_spec_tiny(tmp_path, smollm2):
     report = _load("bench_spec").main(["--tiny", "--out", str(tmp_path)])
     results = report["setups"]["smollm2-ngram"]["jspec"]["results"]

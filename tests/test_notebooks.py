@@ -67,13 +67,23 @@ def test_a_changed_cell_is_reported_stale():
     assert stale_cells(nb) == [first]
 
 
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    """The kernels' environment: JAX's persistent compilation cache in a folder of this test run, so the
+    notebooks share what they compile alike (SmolLM2's loops) and no run depends on what an earlier one left."""
+    import os
+
+    cache = tmp_path_factory.mktemp("xla")
+    return os.environ | {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_in_a_jupyter_kernel(path, tmp_path):
+def test_notebook_runs_in_a_jupyter_kernel(path, tmp_path, kernel_env):
     """Top to bottom in a fresh kernel (nbclient), as `make notebooks` runs it; the copy is thrown away."""
     runner = _load_runner()
     copy = tmp_path / path.name
     shutil.copy(path, copy)
-    nb, seconds = runner.execute(copy, write=False)
+    nb, seconds = runner.execute(copy, write=False, env=kernel_env)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     print(f"{path.name}: {seconds:.0f} s")

@@ -213,7 +213,7 @@ def test_first_step_trace_is_the_loops_first_step(target):
     sampling = SamplingParams.create(1.0)
     plain = Decoder(target).generate(PROMPTS[:1], 20).tokens
     oracle = OracleTree(_oracle(PROMPTS[:1], plain))
-    for drafter in (oracle, PromptLookup(num_draft=3)):
+    for drafter in (oracle, PromptLookup(num_draft=3)):  # a tree whose paths are accepted; a chain
         trace = first_step(target, drafter, PROMPTS[0], sampling, seed=5)
         got = SpeculativeDecoder(target, drafter).generate(PROMPTS[:1], 12, sampling, seed=5).tokens[0]
         assert [trace.first_token, *trace.emitted] == got[: 1 + len(trace.emitted)]
