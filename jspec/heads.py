@@ -290,20 +290,26 @@ def save_head(head: DraftHead, folder, recipe: dict | None = None) -> pathlib.Pa
     return folder
 
 
+def read_tensors(path: pathlib.Path) -> dict:
+    """Every tensor of a head's safetensors file (numpy); a damaged file is refused, naming it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "numpy") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
+    except Exception as err:  # safetensors raises its own error types on bad files
+        raise ValueError(f"{path} is corrupt or truncated ({err}); refusing to load it.") from err
+
+
 def load_head(folder, target) -> DraftHead:
     """A head saved by :func:`save_head`, attached to ``target``; refuses a mismatched or damaged file."""
-    from safetensors import safe_open
 
     folder = pathlib.Path(folder)
     if not (folder / HEAD_META).exists() or not (folder / HEAD_WEIGHTS).exists():
         raise ValueError(f"{folder} does not hold a saved head ({HEAD_META} and {HEAD_WEIGHTS}).")
     config = HeadConfig.from_json(json.dumps(json.loads((folder / HEAD_META).read_text())["config"]))
     head = DraftHead(config, rngs=nnx.Rngs(0))
-    try:
-        with safe_open(str(folder / HEAD_WEIGHTS), "numpy") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
-    except Exception as err:  # safetensors raises its own error types on bad files
-        raise ValueError(f"{folder / HEAD_WEIGHTS} is corrupt or truncated ({err}); refusing to load it.") from err
+    tensors = read_tensors(folder / HEAD_WEIGHTS)
     flat = dict(nnx.to_flat_state(nnx.state(head, nnx.Param)))
     for path, var in flat.items():
         name = ".".join(map(str, path))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.heads import Frozen
+from jspec.heads import Frozen, read_tensors
 from jspec.models.llama import linear, rms_norm
 
 __all__ = ["MedusaConfig", "MedusaHeads", "load_medusa", "save_medusa"]
@@ -115,7 +115,6 @@ def save_medusa(heads: MedusaHeads, folder, recipe: dict | None = None) -> pathl
 def load_medusa(folder, target) -> MedusaHeads:
     """Heads saved by :func:`save_medusa`, attached to ``target``; refuses another kind of file, a
     damaged one, or heads made for another target."""
-    from safetensors import safe_open
 
     folder = pathlib.Path(folder)
     if not (folder / META).exists() or not (folder / WEIGHTS).exists():
@@ -129,11 +128,7 @@ def load_medusa(folder, target) -> MedusaHeads:
     if meta.get("kind") != "medusa":
         raise ValueError(f"{folder / META} describes a {meta.get('kind')!r}, not Medusa heads.")
     heads = MedusaHeads(config, rngs=nnx.Rngs(0))
-    try:
-        with safe_open(str(folder / WEIGHTS), "numpy") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
-    except Exception as err:  # safetensors raises its own error types on bad files
-        raise ValueError(f"{folder / WEIGHTS} is corrupt or truncated ({err}); refusing to load it.") from err
+    tensors = read_tensors(folder / WEIGHTS)
     for name in ("w", "b"):
         want = getattr(heads, name)[...].shape
         if name not in tensors or tensors[name].shape != want:

@@ -30,3 +30,15 @@ def gof_p_value(counts, probs) -> float:
         return 1.0
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     return float(stats.chi2.sf(chi2, obs.size - 1))
+
+
+def sampled_p_value(spec, plain, vocab: int, positions=(1, 2, 3)) -> float:
+    """Two-sample chi-square p-value of speculative against plain samples (int [rows, T] each), the
+    positions' statistics summed."""
+    from jspec.check import two_sample_chi2
+
+    chi2, dof = 0.0, 0
+    for j in positions:
+        c, d = two_sample_chi2(np.bincount(spec[:, j], minlength=vocab), np.bincount(plain[:, j], minlength=vocab))
+        chi2, dof = chi2 + c, dof + d
+    return float(stats.chi2.sf(chi2, dof))
