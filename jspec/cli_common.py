@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["DEFAULTS_SHOWN", "Parser", "add_model_options", "plot_bench", "plot_speedup", "stream_printer"]
+__all__ = ["DEFAULTS_SHOWN", "Parser", "add_model_options", "figure", "plot_bench", "plot_speedup", "stream_printer"]
 
 
 class DEFAULTS_SHOWN(argparse.ArgumentDefaultsHelpFormatter):  # noqa: N801 (argparse's naming)
@@ -63,22 +63,21 @@ def stream_printer(tokenizer, out=None) -> _StreamPrinter:
     return _StreamPrinter(tokenizer, out)
 
 
-def _pyplot():
-    import matplotlib
+def figure(**kwargs):
+    """A matplotlib Figure of its own: drawn and saved without pyplot, so the caller's backend (a
+    notebook's inline plots) is never switched."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(**kwargs)
 
 
 def plot_bench(out: dict, path: str) -> None:
     """Bars of tokens/s per method (speedup over plain decoding written above each) and tau beside."""
-    plt = _pyplot()
     names = list(out["methods"])
     rates = [out["methods"][n]["tokens_per_s"] for n in names]
     taus = [out["methods"][n]["tau"] for n in names]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig = figure(figsize=(9, 3.5))
+    ax1, ax2 = fig.subplots(1, 2)
     bars = ax1.bar(names, rates, color="tab:blue")
     for bar, name in zip(bars, names, strict=True):
         speedup = out["methods"][name].get("speedup")
@@ -91,17 +90,16 @@ def plot_bench(out: dict, path: str) -> None:
     ax2.set_ylabel("tau (tokens per target forward)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_speedup(alpha: float, cost_ratio: float, verify_cost, max_n: int, path: str) -> None:
     """Speedup and expected tokens per target forward against N for one (alpha, c, r)."""
     from jspec.speedup import estimate
 
-    plt = _pyplot()
     ns = list(range(1, max_n + 1))
     ests = [estimate(alpha, n, cost_ratio, verify_cost) for n in ns]
-    fig, ax1 = plt.subplots(figsize=(6, 3.5))
+    fig = figure(figsize=(6, 3.5))
+    ax1 = fig.subplots()
     ax1.plot(ns, [e.speedup for e in ests], "o-", color="tab:blue", label="speedup")
     ax1.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax1.set_xlabel("N (drafts per step)")
@@ -112,4 +110,3 @@ def plot_speedup(alpha: float, cost_ratio: float, verify_cost, max_n: int, path:
     ax1.set_title(f"alpha = {alpha}, c = {cost_ratio}, r = {verify_cost.label}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -183,13 +183,11 @@ def _print_table(config) -> None:
 
 
 def _plot(rows, path, title) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from jspec.cli_common import figure
 
     measured = [r for r in rows if "measured_speedup" in r and r["name"] != "ar"]  # plain is 1 by definition
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig = figure(figsize=(7, 6))
+    ax = fig.subplots()
     cells = sorted({(r["batch"], r["temperature"]) for r in measured})
     for i, cell in enumerate(cells):
         pts = [r for r in measured if (r["batch"], r["temperature"]) == cell]
@@ -208,7 +206,6 @@ def _plot(rows, path, title) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _trees(text: str | None) -> list[str]:
