@@ -75,8 +75,9 @@ class MedusaDrafter:
         n = draft_depth(k if num_draft is None and tree is None else num_draft, tree)
         if n > k:
             raise ValueError(f"num_draft={n} needs {n} Medusa heads; these are {k}. Draft at most {k}.")
-        if (heads.config.hidden_size, heads.config.vocab_size) != (target.config.hidden_size, target.config.vocab_size):
-            raise ValueError("these Medusa heads were built for another target (hidden size or vocabulary).")
+        h, t = heads.config, target.config
+        if (h.hidden_size, h.vocab_size, h.num_target_layers) != (t.hidden_size, t.vocab_size, t.num_layers):
+            raise ValueError("these Medusa heads were built for another target (hidden size, vocabulary or layers).")
         graphdef, weights = nnx.split(heads)
         return cls(weights=weights, graphdef=graphdef, num_draft=n, hidden_layers=(heads.config.hidden_layer,),
                    tree=tree)  # fmt: skip
