@@ -166,7 +166,10 @@ def _add_ngram(p, positive_int) -> None:
 def _add_tree(p, positive_int) -> None:
     from jspec.drafters.factory import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
 
-    tree_help = "chain (N = --num-draft), dynamic (EAGLE-2) or a static branching list such as 2,2,2"
+    tree_help = (
+        "chain (N = --num-draft), dynamic (EAGLE-2), measured (Medusa: the best tree for the heads' "
+        "measured acceptance) or a static branching list such as 2,2,2"
+    )
     p.add_argument("--tree", default="chain", help=tree_help)
     num_help = f"N, tokens drafted per step (default {DEFAULTS.num_draft}; a tree's depth is its own)"
     p.add_argument("--num-draft", type=positive_int, default=None, help=num_help)
@@ -174,7 +177,7 @@ def _add_tree(p, positive_int) -> None:
                    help="dynamic tree: children per expanded node")  # fmt: skip
     p.add_argument("--tree-depth", type=positive_int, default=DEFAULTS.tree_depth, help="dynamic tree: depth")
     p.add_argument("--tree-nodes", type=positive_int, default=DEFAULTS.tree_nodes,
-                   help="dynamic tree: nodes kept, root included")  # fmt: skip
+                   help="dynamic or measured tree: nodes, root included")  # fmt: skip
 
 
 def _methods() -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from flax import nnx
 from jspec.heads import Frozen, read_tensors
 from jspec.models.llama import linear, rms_norm
 
-__all__ = ["MedusaConfig", "MedusaHeads", "load_medusa", "save_medusa"]
+__all__ = ["MedusaConfig", "MedusaHeads", "load_medusa", "save_medusa", "saved_rank_rates"]
 
 WEIGHTS, META = "medusa.safetensors", "medusa.json"
 
@@ -136,3 +136,15 @@ def load_medusa(folder, target) -> MedusaHeads:
         getattr(heads, name)[...] = jnp.asarray(tensors[name], jnp.float32)
     heads.attach_target(target)
     return heads
+
+
+def saved_rank_rates(folder):
+    """The rank rates ``jspec train medusa`` measured on held-out data and saved with the heads
+    (``medusa.json``: ``recipe.report.rank_rates``); a clear error when the folder has none."""
+    folder = pathlib.Path(folder)
+    try:
+        rates = json.loads((folder / META).read_text())["recipe"]["report"]["rank_rates"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{folder} holds no measured rank rates ({type(err).__name__}: {err}); train the heads "
+                         "with jspec train medusa, or pass rates= or a branching such as 3,2,1.") from err  # fmt: skip
+    return np.asarray(rates, np.float64)

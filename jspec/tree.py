@@ -47,6 +47,7 @@ from jspec.verify import acceptance_probability, residual_distribution
 
 __all__ = [
     "DynamicTreeSpec",
+    "MeasuredTree",
     "StaticTree",
     "TreeVerdict",
     "ancestor_mask",
@@ -163,6 +164,21 @@ class DynamicTreeSpec:
     @property
     def max_depth(self) -> int:
         return self.depth
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredTree:
+    """A static tree chosen when the drafter is built, from its measured acceptance at each depth
+    and rank, within ``max_nodes`` nodes (the root included). Medusa heads save those rates when
+    ``jspec train medusa`` ends (:func:`jspec.drafters.medusa.best_branching`)."""
+
+    max_nodes: int = 16
+
+    def __post_init__(self):
+        if not isinstance(self.max_nodes, int) or self.max_nodes < 2:
+            raise ValueError(f"a measured tree needs max_nodes >= 2 (the root and one draft); got {self.max_nodes!r}.")
+
+    max_depth = None  # known once the rates are read
 
 
 def frontier_sizes(tree: StaticTree | DynamicTreeSpec) -> list[int]:

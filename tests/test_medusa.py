@@ -94,7 +94,7 @@ def test_medusa_heads_save_load_and_refuse_bad_files(target, tmp_path):
         load_medusa(tmp_path / "e", target)
 
 
-def test_medusa_options_are_refused_clearly(target):
+def test_medusa_options_are_refused_clearly(target, tmp_path):
     with pytest.raises(ValueError, match="at least one head"):
         MedusaConfig.for_target(target.config, 0)
     heads = random_heads(target, k=2)
@@ -104,6 +104,13 @@ def test_medusa_options_are_refused_clearly(target):
         MedusaDrafter.from_heads(heads, target, num_draft=3)
     with pytest.raises(ValueError, match="static trees"):
         MedusaDrafter.from_heads(heads, target, tree=DynamicTreeSpec(top_k=2, depth=2, total=5))
+    from jspec.drafters import check_options
+    from jspec.tree import MeasuredTree
+
+    with pytest.raises(ValueError, match="only method medusa drafts one"):
+        check_options(["ngram"], tree="measured")
+    with pytest.raises(ValueError, match="holds no measured rank rates"):  # saved without a training report
+        MedusaDrafter.from_heads(save_medusa(heads, tmp_path / "h"), target, tree=MeasuredTree(8))
 
 
 def test_tree_children_are_each_heads_top_tokens(target):
@@ -175,10 +182,60 @@ def test_stopped_medusa_training_resumes_where_an_uninterrupted_run_ends(tmp_pat
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_best_branching_is_the_best_tree_within_the_node_budget():
+    """Against every branching by brute force, and by hand: the top-1 chain when deeper heads are
+    sure, a wide first level when the first head's top token is often wrong."""
+    import itertools
+
+    from jspec.drafters.medusa import best_branching, expected_accepted
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        rates = rng.dirichlet(np.ones(6), size=3)[:, :5] * rng.uniform(0.3, 1.0, (3, 1))
+        budget = int(rng.integers(2, 20))
+        shapes = [b for d in (1, 2, 3) for b in itertools.product(range(1, 6), repeat=d)
+                  if sum(np.prod(b[: i + 1]) for i in range(d)) <= budget - 1]  # fmt: skip
+        want = max(expected_accepted(rates, b) for b in shapes)
+        assert expected_accepted(rates, best_branching(rates, budget)) == pytest.approx(want)
+    sure = np.array([[0.9, 0.05], [0.9, 0.05], [0.9, 0.05]])
+    assert best_branching(sure, 4) == (1, 1, 1)
+    unsure = np.array([[0.3, 0.3], [0.9, 0.05], [0.9, 0.05]])
+    assert best_branching(unsure, 5) == (2, 1)  # 0.6 + 0.54 beats the chain's 0.3 + 0.27 + 0.24
+    assert expected_accepted(unsure, (2, 1)) == pytest.approx(0.6 + 0.6 * 0.9)
+    with pytest.raises(ValueError, match="max_nodes >= 2"):
+        best_branching(sure, 1)
+    with pytest.raises(ValueError, match="rank rates"):
+        best_branching([[0.9, 0.5]], 4)
+
+
+def test_rank_rates_agree_with_the_loss_and_choose_the_measured_tree():
+    """Rank 1's rate is the loss's top-1 agreement on the same rows; a measured tree is the best
+    branching of those rates; without rates it is refused."""
+    from test_eagle import _data
+
+    from jspec.drafters.medusa import best_branching
+    from jspec.training.medusa import medusa_loss, rank_rates
+    from jspec.tree import MeasuredTree
+
+    target = tiny_model("qwen2", seed=0, num_layers=4)  # _data's feature layers need 4
+    heads = random_heads(target, k=3)
+    data = _data(target, n=6)
+    rates = rank_rates(heads, data, width=4, chunk=4)
+    _, metrics = medusa_loss(heads, {k: jnp.asarray(data[k]) for k in ("tokens", "mask", "top")}, 0.8)
+    np.testing.assert_allclose(rates[:, 0], metrics["acc"], atol=1e-6)
+    assert rates.shape == (3, 4) and (rates.sum(1) <= 1 + 1e-9).all()
+    drafter = MedusaDrafter.from_heads(heads, target, tree=MeasuredTree(8), rates=rates)
+    assert drafter.tree == StaticTree.from_branching(best_branching(rates, 8))
+    with pytest.raises(ValueError, match="needs the heads' rank rates"):
+        MedusaDrafter.from_heads(heads, target, tree=MeasuredTree(8))
+    with pytest.raises(ValueError, match="for 2 heads; these heads are 3"):
+        MedusaDrafter.from_heads(heads, target, tree=MeasuredTree(8), rates=rates[:2])
+
+
 def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, capsys):
     """`jspec train medusa --tiny` stopped halfway and run again (it resumes), then the saved heads
-    draft chains and a Medusa tree on the real model through the command line, token for token the
-    plain greedy output."""
+    draft chains and the Medusa tree chosen from their held-out rank rates on the real model through
+    the command line, token for token the plain greedy output."""
     import json
 
     from jspec.cli import main
@@ -190,10 +247,11 @@ def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, 
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["report"]
     assert report["resumed_from"] == 6 and report["steps"] == 12 and len(report["final"]["acc"]) == 3
+    assert np.asarray(report["rank_rates"]).shape == (3, 8) and report["held_out_examples"] >= 1
     prompt = ["generate", "--prompt", "Write a haiku about the sea.", "--chat", "--max-new-tokens", "24", "--json"]
     runs = {}
     for name, extra in {"ar": [], "chain": ["--method", "medusa", "--head", str(out)],
-                        "tree": ["--method", "medusa", "--head", str(out), "--tree", "3,2,1"]}.items():  # fmt: skip
+                        "tree": ["--method", "medusa", "--head", str(out), "--tree", "measured"]}.items():  # fmt: skip
         assert main([*prompt, *extra]) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["chain"]["tokens"] == runs["ar"]["tokens"] == runs["tree"]["tokens"]

@@ -220,8 +220,9 @@ class Drafter(Protocol):
         ...
 
 
-def draft_depth(num_draft: int | None, tree) -> int:
-    """N: ``num_draft`` for a chain (default :data:`DEFAULT_NUM_DRAFT`), a tree's own depth for a tree.
+def draft_depth(num_draft: int | None, tree) -> int | None:
+    """N: ``num_draft`` for a chain (default :data:`DEFAULT_NUM_DRAFT`), a tree's own depth for a tree
+    (None for a :class:`jspec.tree.MeasuredTree`, whose depth is chosen when its drafter is built).
 
     Raises ValueError for N < 1, and for a ``num_draft`` that differs from the tree's depth
     (it would be ignored).
@@ -231,6 +232,11 @@ def draft_depth(num_draft: int | None, tree) -> int:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"num_draft must be a whole number >= 1; got {n!r}.")
         return n
+    if tree.max_depth is None:  # a jspec.tree.MeasuredTree: its depth is chosen with the drafter
+        if num_draft is not None:
+            raise ValueError("num_draft conflicts with a measured tree, whose depth is chosen from the measured "
+                             "acceptance; leave num_draft out.")  # fmt: skip
+        return None
     if num_draft is not None and num_draft != tree.max_depth:
         raise ValueError(
             f"num_draft={num_draft} conflicts with the tree, whose depth ({tree.max_depth}) is the most drafts a "

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 from jspec.drafters.base import DEFAULT_NUM_DRAFT, draft_depth
-from jspec.tree import DynamicTreeSpec, StaticTree
+from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree
 
 __all__ = ["DEFAULTS", "DRAFT_METHODS", "METHODS", "Defaults", "check_options", "make_drafter", "parse_tree"]
 
@@ -41,12 +41,17 @@ DEFAULTS = Defaults()
 
 def parse_tree(tree, *, top_k: int | None = None, depth: int | None = None, total: int | None = None):
     """A draft shape from what a user writes: None or "chain" (a chain), "dynamic" (EAGLE-2, with
-    ``top_k``, ``depth``, ``total`` or their defaults), a branching such as "2,2,2" or [2, 2, 2],
-    or a :class:`StaticTree` / :class:`DynamicTreeSpec` as it is."""
+    ``top_k``, ``depth``, ``total`` or their defaults), "measured" (Medusa: the best static tree of
+    at most ``total`` nodes, the dynamic tree's size by default, for the heads' measured acceptance), a
+    branching such as "2,2,2" or [2, 2, 2], or a tree object as it is."""
     if tree is None or tree == "chain":
         return None
     if isinstance(tree, StaticTree | DynamicTreeSpec):
         return tree
+    if isinstance(tree, MeasuredTree):
+        return tree
+    if tree == "measured":
+        return MeasuredTree(total or DEFAULTS.tree_nodes)
     if tree == "dynamic":
         d = DEFAULTS
         return DynamicTreeSpec(top_k or d.tree_top_k, depth or d.tree_depth, total or d.tree_nodes)
@@ -55,7 +60,7 @@ def parse_tree(tree, *, top_k: int | None = None, depth: int | None = None, tota
             tree = [int(x) for x in tree.split(",")]
         except ValueError:
             raise ValueError(
-                f"tree must be 'chain', 'dynamic' or a branching list such as 2,2,2; got {tree!r}."
+                f"tree must be 'chain', 'dynamic', 'measured' or a branching list such as 2,2,2; got {tree!r}."
             ) from None
     if isinstance(tree, Sequence) and all(isinstance(x, int) for x in tree):
         return StaticTree.from_branching(tree)
@@ -83,11 +88,14 @@ def check_options(methods: Sequence[str], *, tree=None, ngram_min: int = DEFAULT
     tree = parse_tree(tree)
     if tree is None:
         return
+    if isinstance(tree, MeasuredTree) and set(methods) != {"medusa"}:
+        raise ValueError("a measured tree is chosen from Medusa heads' measured acceptance; only method medusa "
+                         f"drafts one (asked for {', '.join(methods)}).")  # fmt: skip
     if "draft" in methods and not isinstance(tree, StaticTree):
         raise ValueError(f"a draft model drafts static trees (a branching list such as 2,2,2) or chains; got {tree}.")
-    if "medusa" in methods and not isinstance(tree, StaticTree):
+    if "medusa" in methods and not isinstance(tree, StaticTree | MeasuredTree):
         raise ValueError(f"Medusa heads draft static trees (a branching list such as 3,2,1: head d's top tokens at "
-                         f"depth d) or chains; got {tree}.")  # fmt: skip
+                         f"depth d; or 'measured') or chains; got {tree}.")  # fmt: skip
     if "ngram" in methods and _lookup_paths(tree) is None:
         raise ValueError(f"prompt lookup drafts chains or trees of several continuations, M,1,...,1 (M paths of "
                          f"equal depth); got {tree}.")  # fmt: skip
@@ -123,7 +131,12 @@ def make_drafter(
     if method == "ar":
         raise ValueError("method 'ar' is plain decoding and has no drafter; use jspec.Decoder (or jspec.make_decoder).")
     tree = parse_tree(tree)
-    asked, num_draft = num_draft, draft_depth(num_draft, tree)
+    if method == "medusa":
+        from jspec.drafters.medusa import MedusaDrafter
+
+        head = _shipped_if_none(head, method, model_name)
+        return MedusaDrafter.from_heads(head, target, num_draft=num_draft, tree=tree)
+    num_draft = draft_depth(num_draft, tree)
     if method == "ngram":
         from jspec.drafters.prompt_lookup import PromptLookup
 
@@ -140,17 +153,7 @@ def make_drafter(
     from jspec.drafters.eagle import EagleDrafter
     from jspec.heads import DraftHead
 
-    if head is None:
-        if model_name is None:
-            raise ValueError(f"method {method!r} needs a head: pass head= (a DraftHead or a saved head's folder), "
-                             "or model_name= to use the head shipped for that model.")  # fmt: skip
-        from jspec.models.hub import shipped_head
-
-        head = shipped_head(model_name, method)
-    if method == "medusa":
-        from jspec.drafters.medusa import MedusaDrafter
-
-        return MedusaDrafter.from_heads(head, target, num_draft=asked, tree=tree)
+    head = _shipped_if_none(head, method, model_name)
     if not isinstance(head, DraftHead):  # a folder: loaded once, its kind read from the loaded head
         from jspec.heads import load_head
 
@@ -159,3 +162,15 @@ def make_drafter(
         raise ValueError(f"method {method!r} was asked for, but the head is an {head.config.kind} head; "
                          f"pass method={head.config.kind!r}.")  # fmt: skip
     return EagleDrafter.from_head(head, target, num_draft=num_draft, tree=tree)
+
+
+def _shipped_if_none(head, method: str, model_name: str | None):
+    """``head``, or the head shipped for ``model_name`` and ``method``."""
+    if head is not None:
+        return head
+    if model_name is None:
+        raise ValueError(f"method {method!r} needs a head: pass head= (heads or a saved head's folder), "
+                         "or model_name= to use the head shipped for that model.")  # fmt: skip
+    from jspec.models.hub import shipped_head
+
+    return shipped_head(model_name, method)

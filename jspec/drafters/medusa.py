@@ -18,11 +18,51 @@ import numpy as np
 from flax import nnx, struct
 
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
-from jspec.medusa import MedusaHeads, load_medusa
+from jspec.medusa import MedusaHeads, load_medusa, saved_rank_rates
 from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import StaticTree, frontier_sizes
+from jspec.tree import MeasuredTree, StaticTree, frontier_sizes
 
-__all__ = ["MedusaDrafter"]
+__all__ = ["MedusaDrafter", "best_branching", "expected_accepted"]
+
+
+def expected_accepted(rates, branching) -> float:
+    """Tokens a Medusa tree of this branching accepts per step beyond the bonus token, expected from
+    measured rank rates (``rates[d, i]``: how often head d's i-th most likely token is the target's),
+    with the heads taken as independent (as Medusa's paper does): sum over depths of the product of
+    each level's chance to hold the target's token."""
+    rates = np.asarray(rates, np.float64)
+    alive, total = 1.0, 0.0
+    for d, k in enumerate(branching):
+        alive *= float(rates[d, :k].sum())
+        total += alive
+    return total
+
+
+def best_branching(rates, max_nodes: int) -> tuple[int, ...]:
+    """The branching (k_1, ..., k_d) whose Medusa tree, at most ``max_nodes`` nodes with the root, has
+    the most expected accepted tokens (:func:`expected_accepted`) for measured rank rates float[K, W]."""
+    rates = np.asarray(rates, np.float64)
+    if rates.ndim != 2 or not rates.size or (rates < 0).any() or (rates.sum(1) > 1 + 1e-6).any():
+        raise ValueError(f"rank rates must be float[K, W] of frequencies (each row summing to at most 1); got "
+                         f"shape {rates.shape}.")  # fmt: skip
+    if max_nodes < 2:
+        raise ValueError(f"a tree needs max_nodes >= 2 (the root and one draft); got {max_nodes}.")
+    best = ((), 0.0)
+
+    def grow(branching, width, used):
+        nonlocal best
+        value = expected_accepted(rates, branching)
+        if branching and value > best[1] + 1e-12:
+            best = (branching, value)
+        if len(branching) == rates.shape[0]:
+            return
+        for k in range(1, rates.shape[1] + 1):
+            if used + width * k > max_nodes - 1:
+                break
+            grow((*branching, k), width * k, used + width * k)
+
+    grow((), 1, 0)
+    return best[0]
 
 
 @struct.dataclass(kw_only=True)
@@ -50,8 +90,12 @@ class MedusaDrafter:
 
     @classmethod
     def from_heads(cls, heads: MedusaHeads | str | os.PathLike, target, *, num_draft: int | None = None,
-                   tree: StaticTree | None = None) -> MedusaDrafter:  # fmt: skip
+                   tree: StaticTree | MeasuredTree | None = None, rates=None) -> MedusaDrafter:  # fmt: skip
         """The drafter for ``target``: a chain of ``num_draft`` (default: every head), or a static tree.
+
+        A :class:`jspec.tree.MeasuredTree` becomes the static tree of :func:`best_branching` for
+        ``rates`` (float[K, W], :func:`jspec.training.medusa.rank_rates`), by default the rates
+        saved with the heads' folder.
 
         Raises:
           ValueError: heads for another target, a folder without Medusa heads, N above the number of
@@ -60,8 +104,20 @@ class MedusaDrafter:
         if not isinstance(heads, MedusaHeads):
             if not isinstance(heads, str | os.PathLike):
                 raise ValueError(f"heads must be MedusaHeads or the folder of saved ones; got {type(heads).__name__}.")
+            if isinstance(tree, MeasuredTree) and rates is None:
+                rates = saved_rank_rates(heads)
             heads = load_medusa(heads, target)
         k = heads.config.num_heads
+        if isinstance(tree, MeasuredTree):
+            if rates is None:
+                raise ValueError("a measured tree needs the heads' rank rates: pass rates= (jspec.training.medusa."
+                                 "rank_rates) or the heads' folder, where jspec train medusa saves them.")  # fmt: skip
+            if num_draft is not None:
+                raise ValueError("num_draft conflicts with a measured tree, whose depth is chosen from the rates.")
+            rates = np.asarray(rates)
+            if rates.shape[0] != k:
+                raise ValueError(f"the rank rates are for {rates.shape[0]} heads; these heads are {k}.")
+            tree = StaticTree.from_branching(best_branching(rates, tree.max_nodes))
         if tree is not None:
             if not isinstance(tree, StaticTree):
                 raise ValueError(

@@ -129,6 +129,15 @@ def _cmd_train(args) -> int:
         if final:
             print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
             print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
+        if "rank_rates" in report:
+            from jspec.drafters import DEFAULTS
+            from jspec.drafters.medusa import best_branching
+
+            rates = report["rank_rates"]
+            print(f"held-out rank rates per head ({report['held_out_examples']} examples), top 1..3: "
+                  + "; ".join(" ".join(f"{x:.3f}" for x in row[:3]) for row in rates))  # fmt: skip
+            n, shape = DEFAULTS.tree_nodes, ",".join(map(str, best_branching(rates, DEFAULTS.tree_nodes)))
+            print(f"jspec generate --method medusa --tree measured: branching {shape} (at most --tree-nodes {n})")
         if evaluation:
             print(
                 f"held-out {evaluation['prompts']} prompts, N = {evaluation['num_draft']}: tau {evaluation['tau']:.2f}"

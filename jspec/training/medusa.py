@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jspec.medusa import MedusaHeads
 from jspec.models.llama import linear
 from jspec.training.loss import _rows, window_starts
 
-__all__ = ["medusa_loss"]
+__all__ = ["medusa_loss", "rank_rates"]
 
 
 def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | None = None):
@@ -56,3 +57,26 @@ def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | Non
     losses, accs = jnp.stack(losses), jnp.stack(accs)
     total = jnp.sum(losses * decay ** jnp.arange(k, dtype=jnp.float32))
     return total, {"loss": losses, "acc": accs}
+
+
+def rank_rates(heads: MedusaHeads, data: dict, width: int = 8, chunk: int = 4) -> np.ndarray:
+    """float[K, width]: how often head k's i-th most likely token is the data's token (the target's own).
+
+    The ranks are disjoint events, so ``rates[k, :j].sum()`` is how often a Medusa tree node with
+    j children at depth k + 1 holds the target's token: what :func:`jspec.drafters.medusa.best_branching`
+    chooses a tree from. ``data`` as in :func:`medusa_loss` (host arrays, any number of examples,
+    read ``chunk`` at a time); every row with a response token ahead counts.
+    """
+    k = heads.config.num_heads
+    hits, count = np.zeros((k, width)), np.zeros(k)
+    lm_head = heads.lm_head[...]
+    for lo in range(0, len(data["tokens"]), chunk):
+        tokens, mask = (jnp.asarray(data[name][lo : lo + chunk]) for name in ("tokens", "mask"))
+        rows = jnp.broadcast_to(jnp.arange(tokens.shape[1] - 1)[None], (tokens.shape[0], tokens.shape[1] - 1))
+        states = heads.states(jnp.asarray(data["top"][lo : lo + chunk], jnp.float32)[:, :-1])  # [b, T-1, K, H]
+        for i in range(k):
+            _, top = jax.lax.top_k(linear(states[:, :, i], lm_head).astype(jnp.float32), width)
+            target, valid = _rows(tokens, rows + i + 2), _rows(mask, rows + i + 2, False)
+            hits[i] += np.asarray(((top == target[..., None]) & valid[..., None]).sum((0, 1)))
+            count[i] += float(valid.sum())
+    return hits / np.maximum(count, 1)[:, None]

@@ -132,6 +132,9 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
         same = {"model": model_name, "feature_layers": list(layers), "seq_len": recipe.seq_len}
         data, extra_metas = load_extra_data(extra_data, data, same)
+        held = max(1, len(data["tokens"]) // 20)  # held out: the rank rates a measured tree is chosen from
+        heldout = {k: data[k][-held:] for k in ("tokens", "mask", "top")}
+        data = {k: v if k == "counts" else v[:-held] for k, v in data.items()}
         head = MedusaHeads(MedusaConfig.for_target(target.config, recipe.train.num_steps), rngs=nnx.Rngs(0))
         head.attach_target(target)
         d2t = np.arange(target.config.vocab_size)
@@ -156,6 +159,11 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         "steps": trainer.step,
         "final": history[-1] if history else None,
     }
+    if recipe.kind == "medusa" and trainer.step >= recipe.train.total_steps:
+        from jspec.training.medusa import rank_rates
+
+        report["held_out_examples"] = len(heldout["tokens"])
+        report["rank_rates"] = np.round(rank_rates(head, heldout), 5).tolist()
     if trainer.step >= recipe.train.total_steps:
         recipe_dict = dataclasses.asdict(recipe) | {"model": model_name}
         save = save_medusa if recipe.kind == "medusa" else save_head
