@@ -33,6 +33,7 @@ from jspec.drafters.base import (
     Feedback,
     TreeProposal,
     check_drafter,
+    check_step_width,
     merge_drafter,
     split_drafter,
 )
@@ -310,6 +311,7 @@ class SpeculativeDecoder:
           :func:`jspec.tune.measure_profile`).
         """
         check_drafter(drafter)
+        check_step_width(drafter, getattr(target.config, "max_position", None))
         if (adaptive is None) != (costs is None):
             raise ValueError("an adaptive loop needs both adaptive= (the policy) and costs= (StepCosts.create or "
                              "StepCosts.from_profile); pass both or neither.")  # fmt: skip

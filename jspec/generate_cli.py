@@ -49,9 +49,21 @@ def _check_methods(args, methods) -> None:
         raise ValueError("method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
     if "ngram" in methods and args.ngram_min > args.ngram_max:
         raise ValueError(f"--ngram-min ({args.ngram_min}) must not exceed --ngram-max ({args.ngram_max}).")
+    if _lookahead(args) and "lookahead" not in methods:
+        raise ValueError("--lookahead-* options are for method lookahead; add it to the methods or drop them.")
     check_options(methods, tree=_tree(args), ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                   draft_model=args.draft_model)  # fmt: skip
-    _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
+    if methods == ["lookahead"] and args.num_draft is not None:
+        raise ValueError("Lookahead decoding drafts --lookahead-level - 1 tokens; drop --num-draft.")
+    if "lookahead" not in methods:
+        _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
+
+
+def _lookahead(args) -> dict:
+    """The --lookahead-* options given (the rest take :data:`jspec.drafters.DEFAULTS`)."""
+    names = {"lookahead_window": "window", "lookahead_level": "level", "lookahead_guesses": "guesses",
+             "lookahead_pool": "pool_size"}  # fmt: skip
+    return {knob: getattr(args, flag) for flag, knob in names.items() if getattr(args, flag, None) is not None}
 
 
 def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
@@ -63,6 +75,8 @@ def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
     if method == "auto":
         return make_decoder("auto", model, eos_ids=tokenizer.eos_token_ids, config=args.config, model_name=args.model,
                             workload=workload, head=args.head, draft_model=draft_model or args.draft_model)  # fmt: skip
+    if method == "lookahead":
+        return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, lookahead=_lookahead(args))
     return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, num_draft=args.num_draft, tree=_tree(args),
                         head=args.head, draft_model=draft_model or args.draft_model, ngram_min=args.ngram_min,
                         ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
@@ -163,6 +177,28 @@ def _add_ngram(p, positive_int) -> None:
                    help="prompt lookup: the longest suffix tried first")  # fmt: skip
 
 
+def _add_lookahead(p, positive_int) -> None:
+    from jspec.drafters.factory import DEFAULTS
+
+    d = DEFAULTS
+    p.add_argument("--lookahead-window", type=positive_int, default=None,
+                   help=f"lookahead: W, Jacobi columns (default {d.lookahead_window})")  # fmt: skip
+    p.add_argument(
+        "--lookahead-level",
+        type=positive_int,
+        default=None,
+        help=f"lookahead: N, the n-gram size; the window has N - 1 levels (default {d.lookahead_level})",
+    )
+    p.add_argument(
+        "--lookahead-guesses",
+        type=positive_int,
+        default=None,
+        help=f"lookahead: G, candidate n-grams verified per step (default {d.lookahead_guesses})",
+    )
+    p.add_argument("--lookahead-pool", type=positive_int, default=None,
+                   help=f"lookahead: n-grams kept per row (default {d.lookahead_pool})")  # fmt: skip
+
+
 def _add_tree(p, positive_int) -> None:
     from jspec.drafters.factory import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
 
@@ -196,8 +232,9 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
         choices=_methods(),
         help="ar: plain decoding; ngram: prompt lookup; draft: a smaller draft model (--draft-model); "
         "eagle3 / eagle1: an EAGLE head (the shipped one, or --head DIR); medusa: Medusa heads (--head DIR); "
-        "auto: what measured fastest here "
-        "(a tuned config from jspec tune, else the cost profile with the adaptive fallback)",
+        "lookahead: Lookahead decoding (Jacobi n-grams, no second model; --lookahead-*); "
+        "auto: what measured fastest here (a tuned config from jspec tune, else the cost profile with the "
+        "adaptive fallback)",
     )
     p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
     p.add_argument(
@@ -206,6 +243,7 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     _add_tree(p, positive_int)
     _add_ngram(p, positive_int)
+    _add_lookahead(p, positive_int)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -239,5 +277,6 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--draft-model", default=None)
     _add_tree(p, positive_int)
     _add_ngram(p, positive_int)
+    _add_lookahead(p, positive_int)
     add_json(p)
     p.set_defaults(fn=_cmd_bench)

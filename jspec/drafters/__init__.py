@@ -1,11 +1,12 @@
 """Drafters behind one protocol (:mod:`jspec.drafters.base`), one per file, and the factory.
 
-==================  ==========================================================
-``PromptLookup``    prompt lookup (n-gram): the text's own earlier continuations
-``DraftModel``      a separate small model with the target's tokenizer
-``EagleDrafter``    an EAGLE-1 or EAGLE-3 head on the target's hidden states
-``MedusaDrafter``   Medusa heads on the target's last hidden state
-==================  ==========================================================
+====================  ==========================================================
+``PromptLookup``      prompt lookup (n-gram): the text's own earlier continuations
+``DraftModel``        a separate small model with the target's tokenizer
+``EagleDrafter``      an EAGLE-1 or EAGLE-3 head on the target's hidden states
+``MedusaDrafter``     Medusa heads on the target's last hidden state
+``LookaheadDecoding`` Jacobi iterations' n-grams, no second model (Lookahead decoding)
+====================  ==========================================================
 
 :func:`make_drafter` builds any of them from a method name with the shared defaults.
 """
@@ -14,6 +15,7 @@ from jspec.drafters.base import ChainProposal, Context, Drafter, Feedback, Looka
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle import EagleDrafter
 from jspec.drafters.factory import DEFAULTS, METHODS, check_options, make_drafter, parse_tree
+from jspec.drafters.lookahead import LookaheadDecoding
 from jspec.drafters.medusa import MedusaDrafter
 from jspec.drafters.prompt_lookup import PromptLookup
 
@@ -27,6 +29,7 @@ __all__ = [
     "EagleDrafter",
     "Feedback",
     "Lookahead",
+    "LookaheadDecoding",
     "MedusaDrafter",
     "PromptLookup",
     "TreeProposal",

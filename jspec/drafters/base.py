@@ -47,7 +47,7 @@ from jspec.sampling import SamplingParams
 
 __all__ = [
     "DEFAULT_NUM_DRAFT", "ChainProposal", "Context", "Drafter", "Feedback", "Lookahead", "TreeProposal",
-    "check_drafter", "draft_depth",
+    "check_drafter", "check_step_width", "draft_depth",
 ]  # fmt: skip
 
 DEFAULT_NUM_DRAFT = 4  # N for a chain when none is given
@@ -290,3 +290,13 @@ def merge_drafter(treedef, leaves):
     """The drafter :func:`split_drafter` took apart."""
     drafter = jax.tree.unflatten(treedef, leaves)
     return drafter.drafter if isinstance(drafter, _Static) else drafter
+
+
+def check_step_width(drafter, max_position: int | None) -> None:
+    """Raises ValueError when one verify step feeds more tokens (the pending token, the drafts or tree
+    nodes, the lookahead tokens) than the target's context holds."""
+    width = (drafter.num_nodes or drafter.num_draft + 1) + drafter.num_lookahead
+    if max_position is not None and width > max_position:
+        raise ValueError(f"{type(drafter).__name__} feeds {width} tokens per step, more than the target's context "
+                         f"({max_position}); draft fewer (a narrower window, fewer levels or guesses, a smaller N "
+                         "or tree).")  # fmt: skip

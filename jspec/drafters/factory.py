@@ -15,7 +15,7 @@ from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree
 
 __all__ = ["DEFAULTS", "DRAFT_METHODS", "METHODS", "Defaults", "check_options", "make_drafter", "parse_tree"]
 
-METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1", "medusa")
+METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1", "medusa", "lookahead")
 DRAFT_METHODS = METHODS[1:]  # "ar" is plain decoding: no drafter
 
 
@@ -34,6 +34,10 @@ class Defaults:
     tree_top_k: int = DynamicTreeSpec.top_k
     tree_depth: int = DynamicTreeSpec.depth
     tree_nodes: int = DynamicTreeSpec.total
+    lookahead_window: int = 3
+    lookahead_level: int = 3
+    lookahead_guesses: int = 3
+    lookahead_pool: int = 256
 
 
 DEFAULTS = Defaults()
@@ -86,6 +90,9 @@ def check_options(methods: Sequence[str], *, tree=None, ngram_min: int = DEFAULT
     if "draft" in methods and draft_model is None:
         raise ValueError("method 'draft' needs a draft model (a smaller model with the target's tokenizer).")
     tree = parse_tree(tree)
+    if "lookahead" in methods and tree is not None:
+        raise ValueError(f"Lookahead decoding verifies a trie of its pool's n-grams, shaped by --lookahead-guesses "
+                         f"and --lookahead-level; it takes no --tree (got {tree}).")  # fmt: skip
     if tree is None:
         return
     if isinstance(tree, MeasuredTree) and set(methods) != {"medusa"}:
@@ -112,6 +119,7 @@ def make_drafter(
     ngram_min: int = DEFAULTS.ngram_min,
     ngram_max: int = DEFAULTS.ngram_max,
     model_name: str | None = None,
+    lookahead: dict | None = None,
 ):
     """The drafter for a method, ready for :class:`jspec.SpeculativeDecoder`.
 
@@ -126,11 +134,25 @@ def make_drafter(
       draft_model: "draft": a model, or a registry name or folder to load.
       ngram_min, ngram_max: prompt lookup's shortest and longest suffix.
       model_name: the target's registry name (finds the shipped head).
+      lookahead: Lookahead decoding's knobs, any of ``window``, ``level``, ``guesses``, ``pool_size``,
+        ``prompt_ngrams`` (:class:`jspec.drafters.LookaheadDecoding`; :data:`DEFAULTS` for the rest).
     """
     check_options([method], tree=tree, ngram_min=ngram_min, ngram_max=ngram_max, draft_model=draft_model)
     if method == "ar":
         raise ValueError("method 'ar' is plain decoding and has no drafter; use jspec.Decoder (or jspec.make_decoder).")
+    if lookahead and method != "lookahead":
+        raise ValueError(f"lookahead options are for method lookahead, not {method!r}; drop them.")
     tree = parse_tree(tree)
+    if method == "lookahead":
+        from jspec.drafters.lookahead import LookaheadDecoding
+
+        if num_draft is not None:
+            raise ValueError("Lookahead decoding drafts n-grams of lookahead level - 1 tokens; set its level, not "
+                             "num_draft.")  # fmt: skip
+        d = DEFAULTS
+        knobs = {"window": d.lookahead_window, "level": d.lookahead_level, "guesses": d.lookahead_guesses,
+                 "pool_size": d.lookahead_pool} | (lookahead or {})  # fmt: skip
+        return LookaheadDecoding(**knobs)
     if method == "medusa":
         from jspec.drafters.medusa import MedusaDrafter
 
