@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from jspec.batching import bucket
 from jspec.results import GenerationResult
 
-__all__ = ["batches", "predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
+__all__ = ["batches", "forget_compiled", "predicted_seconds", "run_interleaved", "run_prompts", "warm_up"]
 
 
 def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,
@@ -28,6 +28,18 @@ def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, s
     for _, prompt in sorted({bucket(len(p)): p for p in prompt_ids}.items()):
         seconds += decoder.generate([list(prompt)] * batch, budget, sampling, seed=seed).compile_seconds
     return seconds
+
+
+def forget_compiled(decoders) -> None:
+    """Drops the decoders' compiled loops (an auto decoder's too) and JAX's caches. A sweep over many
+    decoders in one process needs it: XLA on CPU maps each compiled SmolLM2 loop into ~2,000 memory
+    regions of its own, and Linux allows a process 65,530 (``vm.max_map_count``; README)."""
+    import jax
+
+    for decoder in decoders:
+        forget_compiled(getattr(decoder, "_decoders", {}).values())
+        getattr(decoder, "_compiled", {}).clear()
+    jax.clear_caches()
 
 
 def batches(prompt_ids: Sequence[Sequence[int]], batch: int) -> list[list[list[int]]]:

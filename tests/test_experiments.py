@@ -142,3 +142,27 @@ def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
     assert {"ar", "ngram:N=3", "auto"} <= set(cell["speedup"]) and cell["auto_ran"] == cell["recommended"]
     assert cell["tune_prediction_errors"] and (tmp_path / "auto_cells.png").stat().st_size > 5_000
     assert sorted(p.name for p in (cache / "tuned").glob("*/*.json")) == ["humaneval.json", "latest.json"]
+
+
+@pytest.mark.slow  # ~60 s on SmolLM2; Lookahead decoding itself is tested in test_lookahead.py
+def test_lookahead_grid_tiny(tmp_path, smollm2):
+    report = _load("lookahead_grid").main(["--tiny", "--out", str(tmp_path)])
+    results = report["results"]
+    for name in ("lookahead 2:2:1", "ngram 1x1", "lookahead 2:3:2", "ngram 2x2"):
+        entry = results[f"mt-bench|{name}"]
+        assert entry["new_tokens"] == results["mt-bench|plain"]["new_tokens"] == 16
+        assert entry["predicted"] > 0 and entry["r"] > 0
+    assert results["mt-bench|lookahead 2:3:2"]["width"] == 1 + 2 * 2 + 2 * 2
+
+
+@pytest.mark.slow  # ~60 s on SmolLM2; run_interleaved and the drafters are tested elsewhere
+def test_spec_bench_table_tiny(tmp_path, smollm2):
+    module = _load("spec_bench_table")
+    with pytest.raises(ValueError, match="Spec-Bench has no category 'poetry'"):
+        module.category_prompts("poetry", 1)
+    assert {p.category for p in module.category_prompts("multi-turn", 80)} == set(module.MULTI_TURN)
+    report = module.main(["--tiny", "--out", str(tmp_path)])
+    assert set(report["table"]) == {"T=0|qa|ar", "T=0|qa|ngram", "T=0|qa|lookahead"}
+    assert "predicted" in report["table"]["T=0|qa|lookahead"]
+    assert (tmp_path / "spec_bench_table.png").stat().st_size > 5_000
+    assert "| lookahead |" in (tmp_path / "spec_bench_table.md").read_text()

@@ -60,7 +60,7 @@ def _pool(state):
 def test_pool_and_window_after_steps_by_hand():
     """W = 2, N = 3 (levels 0 and 1), pool of 3. Each step stores (l0[i], l1[i], top output[i]) per
     column, skips an n-gram it holds, replaces the oldest when full; the window shifts one level."""
-    la = LookaheadDecoding(window=2, level=3, guesses=2, pool_size=3, prompt_ngrams=False)
+    la = LookaheadDecoding(window=2, level=3, guesses=2, pool_size=3, prompt_ngrams=False, output_ngrams=False)
     ctx = Context(jnp.zeros((1, 8), jnp.int32), jnp.ones((1,), jnp.int32), jnp.zeros((1,), jnp.int32))
     s = _state([[1, 2], [3, 4]], steps=0)
     s = la.commit(s, ctx, _feedback([[0, 0], [5, 6]]))  # not ripe yet: level 1 was a guess from the prompt
@@ -93,6 +93,18 @@ def test_prompt_ngrams_seed_the_pool():
     state = la.init(prompts, Context(history, jnp.asarray([7]), jnp.asarray([6])), 16, None, ())
     held = [entry for entry in _pool(state) if entry[0] >= 0]
     assert held == [(4, (5, 6)), (5, (6, 4)), (6, (4, 5)), (4, (5, 7)), (5, (7, 4))]
+
+
+def test_the_new_texts_ngrams_join_the_pool():
+    """Text 1 2 3 4 5 6 with two drafts accepted and 6 the new pending token: the n-grams ending in
+    4, 5 and 6 join (N = 3), nothing older; the window's n-grams wait until its levels are ripe."""
+    la = LookaheadDecoding(window=1, level=3, guesses=1, pool_size=8, prompt_ngrams=False)
+    history = jnp.asarray([[1, 2, 3, 4, 5, 6, 0, 0]], jnp.int32)
+    ctx = Context(history, jnp.asarray([6]), jnp.asarray([5]))
+    s = _state([[9], [9]], pool_size=8, steps=0)
+    feedback = Feedback(jnp.asarray([2]), (), jax.nn.one_hot(jnp.asarray([[9, 9]]), V))
+    s = la.commit(s, ctx, feedback)
+    assert [e for e in _pool(s) if e[0] >= 0] == [(2, (3, 4)), (3, (4, 5)), (4, (5, 6))]
 
 
 @pytest.fixture(scope="module")

@@ -175,6 +175,22 @@ def test_prompt_lookup_greedy_equals_plain_greedy(smollm2):
     assert result.verify_steps > 0 and result.tau > 1.0
 
 
+def test_lookahead_greedy_equals_plain_greedy(smollm2):
+    """Lookahead decoding on the real model, two rows of different lengths (a pool and a window each):
+    plain greedy output, token for token, with candidates accepted."""
+    from jspec.drafters import LookaheadDecoding
+    from jspec.engine import SpeculativeDecoder
+
+    model, tok = smollm2
+    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    questions = [f"Repeat this code and add a mul function:\n{code}", "Count from one to twenty in words."]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
+    plain = Decoder(model, eos_ids=tok.eos_token_ids).generate(prompts, 48)
+    result = SpeculativeDecoder(model, LookaheadDecoding(), eos_ids=tok.eos_token_ids).generate(prompts, 48)
+    assert result.tokens == plain.tokens
+    assert sum(result.accept_hist[1:]) > 0
+
+
 def test_auto_with_a_tuned_config_keeps_plain_greedy_output(smollm2):
     """--method auto on the real model: the tuned setting (prompt lookup, adaptive) runs and is exact."""
     from jspec import AutoDecoder, TunedConfig

@@ -15,7 +15,8 @@ After the forward, each column's levels and the target's greedy output at its to
 n-gram ``(l0[i], .., l_{N-2}[i], out[i])``; the pool keeps it (keyed on ``l0[i]``) unless it holds it
 already, replacing its oldest entry when full. The window drops level 0 and takes the outputs as
 its new top level (one Jacobi iteration). With ``prompt_ngrams`` the pool starts with the prompt's
-own n-grams (as the authors' implementation can); otherwise empty.
+own n-grams, and with ``output_ngrams`` it takes in the n-grams of the text each step adds (the
+authors' implementation can do both); without them, the pool holds Jacobi n-grams only.
 
 Everything is per row (batch > 1 keeps a pool and a window per row) and of static shape:
 the pool is int32[B, P] keys and int32[B, P, N - 1] continuations with a write pointer.
@@ -65,6 +66,7 @@ class LookaheadDecoding:
     guesses: int = struct.field(pytree_node=False, default=3)
     pool_size: int = struct.field(pytree_node=False, default=256)
     prompt_ngrams: bool = struct.field(pytree_node=False, default=True)
+    output_ngrams: bool = struct.field(pytree_node=False, default=True)
     hidden_layers = ()
 
     def __post_init__(self):
@@ -170,6 +172,19 @@ class LookaheadDecoding:
         state, _ = jax.lax.scan(put, state, (keys, grams, ok))
         return state
 
+    def _new_text_ngrams(self, ctx: Context, num_accepted):
+        """The n-grams of the text that end in this step's new tokens (the accepted drafts and the
+        new pending token): (first tokens [B, S], continuations [B, S, L], which exist [B, S])."""
+        n = self.level
+        ends = ctx.length[:, None] - 1 - jnp.arange(self.levels + 1)[None, :]  # [B, S], latest last below
+        ends = ends[:, ::-1]
+        starts = ends - (n - 1)
+        new = ends >= (ctx.length - 1 - num_accepted)[:, None]
+        ok = new & (starts >= 0)
+        idx = jnp.maximum(starts[:, :, None] + jnp.arange(n)[None, None, :], 0)  # [B, S, N]
+        grams = jnp.take_along_axis(ctx.history[:, None, :], idx, axis=2)
+        return grams[:, :, 0], grams[:, :, 1:], ok
+
     def commit(self, state: PoolState, ctx: Context, feedback: Feedback):
         if feedback.lookahead_logits is None:  # no window was fed (not a step of this drafter's)
             return state
@@ -180,5 +195,7 @@ class LookaheadDecoding:
         ripe = state.steps >= lv - 1  # every level above 0 came from the target's outputs
         ok = jnp.broadcast_to(ripe[:, None], (b, w))
         state = jax.vmap(self._insert)(state, state.window[:, 0], grams, ok)
+        if self.output_ngrams:
+            state = jax.vmap(self._insert)(state, *self._new_text_ngrams(ctx, feedback.num_accepted))
         window = jnp.concatenate([state.window[:, 1:], top[:, None]], axis=1)
         return PoolState(window, state.keys, state.grams, state.write, state.steps + 1)

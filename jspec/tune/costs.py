@@ -51,9 +51,9 @@ def _interleaved_medians(fns: Mapping[str, Callable[[], object]], repeats: int) 
     return {name: 1000 * float(np.median(t)) for name, t in times.items()}
 
 
-def _forward_fns(model, max_k: int, context: int, batch: int) -> dict[str, Callable]:
-    """A k-token forward per k, each after ``context`` cached tokens per row (the cache is donated
-    and rolled back after each call, so every call sees the same cache)."""
+def _forward_fns(model, max_k: int, context: int, batch: int, widths=None) -> dict[str, Callable]:
+    """A k-token forward per k (1 .. ``max_k``, or ``widths``), each after ``context`` cached tokens per
+    row (the cache is donated and rolled back after each call, so every call sees the same cache)."""
     state, forward = jit_forward(model)
     holder = {"cache": model.init_cache(batch, context + max_k).rollback(jnp.full((batch,), context, jnp.int32))}
 
@@ -68,13 +68,16 @@ def _forward_fns(model, max_k: int, context: int, batch: int) -> dict[str, Calla
 
         return run
 
-    return {f"forward:{k}": make(k) for k in range(1, max_k + 1)}
+    return {f"forward:{k}": make(k) for k in (widths or range(1, max_k + 1))}
 
 
-def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10, batch: int = 1) -> dict[int, float]:
-    """Median milliseconds of a k-token forward (k = 1 .. ``max_k``) after ``context`` cached tokens."""
-    ms = _interleaved_medians(_forward_fns(model, max_k, context, batch), repeats)
-    return {k: ms[f"forward:{k}"] for k in range(1, max_k + 1)}
+def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10, batch: int = 1,
+                 widths=None) -> dict[int, float]:  # fmt: skip
+    """Median milliseconds of a k-token forward (k = 1 .. ``max_k``, or the k in ``widths``) after
+    ``context`` cached tokens."""
+    ks = sorted(set(widths)) if widths else list(range(1, max_k + 1))
+    ms = _interleaved_medians(_forward_fns(model, max(ks), context, batch, ks), repeats)
+    return {k: ms[f"forward:{k}"] for k in ks}
 
 
 _CAPACITY_SLACK = 64  # cache slots past the context: any verify width and tree frontier in use
@@ -120,9 +123,12 @@ def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None) -> d
     hidden = tuple(jnp.broadcast_to(h[:, -1:], (batch, n + 1, h.shape[-1])) for h in hidden_states)
     after = Context(history, ctx.length + n, ctx.cache_length + n)
     accepted = jnp.full((batch,), n - 1, jnp.int32)
+    extra = drafter.num_lookahead  # a window's logits to take in (Lookahead decoding)
+    window = jnp.zeros((batch, extra, target.config.vocab_size), jnp.float32) if extra else None
     propose = jax.jit(lambda w, s, c: merge_drafter(treedef, w).propose(s, c, jax.random.PRNGKey(1), greedy))
-    commit = jax.jit(lambda w, s, c, h: merge_drafter(treedef, w).commit(s, c, Feedback(accepted, h)))
-    return {"propose": lambda: propose(leaves, state, ctx), "commit": lambda: commit(leaves, state, after, hidden)}
+    commit = jax.jit(lambda w, s, c, h, x: merge_drafter(treedef, w).commit(s, c, Feedback(accepted, h, x)))
+    return {"propose": lambda: propose(leaves, state, ctx),
+            "commit": lambda: commit(leaves, state, after, hidden, window)}  # fmt: skip
 
 
 def drafter_cost(target, drafter, context: int = 256, repeats: int = 10, batch: int = 1) -> dict[str, float]:
