@@ -10,10 +10,13 @@ drafts a tree of G continuations of N - 1 tokens (a chain when G = 1): the same 
 without the window. Every decoder runs every prompt, taking turns prompt by prompt
 (:func:`jspec.bench.run_interleaved`).
 
-The prediction: a decoder that takes ``steps`` target forwards of w tokens for ``tokens`` new
-tokens runs at ``tokens / (steps (r(w) + c))`` of plain decoding's speed, r(w) measured here (a
-w-token forward over a one-token one, after 256 cached tokens) and c the drafter's propose and
-commit over a plain step (:func:`jspec.tune.costs.drafter_cost`); prefill left out.
+The prediction: a decoder that takes v verify forwards of w tokens and p plain steps (prompt
+lookup finding nothing) for ``tokens`` new tokens runs at ``tokens / (v (r(w) + c) + p)`` of plain
+decoding's speed, r(w) measured here (a w-token forward over a one-token one, after 256 cached
+tokens) and c the drafter's propose and commit over a plain step
+(:func:`jspec.tune.costs.drafter_cost`); prefill left out. ``tokens_per_step`` is new tokens over
+all target forwards (Lookahead verifies every step; prompt lookup's ``tau`` counts its verify
+steps only).
 
 Writes ``lookahead_grid.json`` to --out.
 """
@@ -92,8 +95,13 @@ def main(argv: list[str] | None = None) -> dict:
                 steps = entry["verify_steps"] + entry["plain_steps"]
                 r = forward_ms[widths[name]] / step
                 c = (costs[name]["propose_ms"] + costs[name]["commit_ms"]) / step
-                entry |= {"width": widths[name], "r": r, "c": c, "tokens_per_step": entry["new_tokens"] / steps,
-                          "predicted": entry["new_tokens"] / (steps * (r + c))}  # fmt: skip
+                entry |= {
+                    "width": widths[name],
+                    "r": r,
+                    "c": c,
+                    "tokens_per_step": entry["new_tokens"] / steps,
+                    "predicted": entry["new_tokens"] / (entry["verify_steps"] * (r + c) + entry["plain_steps"]),
+                }
             results[f"{source}|{name}"] = entry
             tau = entry.get("tokens_per_step", 1.0)
             pred = (

@@ -104,14 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
     units = {m: sum(drafter_cost(model, d, repeats=repeats).values()) / step for m, d in fixed.items()}
 
     table = {}
-    for t in temperatures:
-        for c in categories:
-            ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}]))
-                   for p in prompts[c]]  # fmt: skip
-            decoders = shared | (_decoders(args, model, tokenizer, ["auto"], c) if "auto" in methods else {})
-            decoders = {m: decoders[m] for m in methods}
+    for c in categories:  # a category's decoders compile once for both temperatures, then are dropped
+        ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}]))
+               for p in prompts[c]]  # fmt: skip
+        decoders = shared | (_decoders(args, model, tokenizer, ["auto"], c) if "auto" in methods else {})
+        decoders = {m: decoders[m] for m in methods}
+        for t in temperatures:
             runs = run_interleaved(decoders, ids, args.max_new_tokens, SamplingParams.create(t))
-            forget_compiled(decoders.values())  # ~2,000 memory mappings per compiled loop; a process may hold 65,530
             base = runs["ar"]["tokens_per_s"]
             for m, entry in runs.items():
                 row = {"speedup": entry["tokens_per_s"] / base, "tau": entry["tau"],
@@ -124,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
                 table[f"T={t:g}|{c}|{m}"] = row
                 pred = f" (predicted {row['predicted']:.2f}x)" if "predicted" in row else ""
                 print(f"  T={t:g} {c:<15} {m:<10} {row['speedup']:.2f}x tau {row['tau']:.2f}{pred}", file=sys.stderr)
+        forget_compiled(decoders.values())  # ~2,000 memory mappings per compiled loop; a process may hold 65,530
     report = {
         "model": args.model,
         "draft_model": args.draft_model,

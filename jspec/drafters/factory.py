@@ -25,7 +25,10 @@ class Defaults:
 
     ``ngram_min`` 2 skips matches of one repeated token: on SmolLM2 and HumanEval they were
     accepted a third as often as longer ones (BENCHMARKS.md, prompt lookup n-grams). The
-    dynamic tree's size is :class:`jspec.tree.DynamicTreeSpec`'s default.
+    dynamic tree's size is :class:`jspec.tree.DynamicTreeSpec`'s default. Lookahead decoding's
+    W 1, N 2, G 2 measured fastest of 11 small settings on SmolLM2 here (a 4-token forward costs
+    1.3 plain steps, a 5-token one 1.6-1.8; BENCHMARKS.md, Lookahead grid); the paper's A100 setting
+    for 7B models, W 15, N 5, G 15, pays where a forward of ~120 tokens costs about one step.
     """
 
     num_draft: int = DEFAULT_NUM_DRAFT
@@ -34,9 +37,9 @@ class Defaults:
     tree_top_k: int = DynamicTreeSpec.top_k
     tree_depth: int = DynamicTreeSpec.depth
     tree_nodes: int = DynamicTreeSpec.total
-    lookahead_window: int = 3
-    lookahead_level: int = 3
-    lookahead_guesses: int = 3
+    lookahead_window: int = 1
+    lookahead_level: int = 2
+    lookahead_guesses: int = 2
     lookahead_pool: int = 256
 
 
