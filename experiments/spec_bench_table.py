@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> dict:
         decoders = shared | (_decoders(args, model, tokenizer, ["auto"], c) if "auto" in methods else {})
         decoders = {m: decoders[m] for m in methods}
         for t in temperatures:
-            runs = run_interleaved(decoders, ids, args.max_new_tokens, SamplingParams.create(t))
+            cell, missing = _runnable(decoders, t)
+            runs = run_interleaved(cell, ids, args.max_new_tokens, SamplingParams.create(t))
+            if missing:  # auto without a tuned setting for this temperature band: said, not run
+                table[f"T={t:g}|{c}|auto"] = {"speedup": float("nan"), "tau": float("nan"), "error": missing}
+                print(f"  T={t:g} {c:<15} auto       not run: {missing}", file=sys.stderr)
             base = runs["ar"]["tokens_per_s"]
             for m, entry in runs.items():
                 row = {"speedup": entry["tokens_per_s"] / base, "tau": entry["tau"],
@@ -143,6 +147,18 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+def _runnable(decoders, temperature):
+    """(the decoders that can run at this temperature, why auto cannot or None)."""
+    auto = decoders.get("auto")
+    if auto is None:
+        return decoders, None
+    try:
+        auto.choose(temperature, 1)
+    except ValueError as err:
+        return {m: d for m, d in decoders.items() if m != "auto"}, str(err)
+    return decoders, None
+
+
 def _overall(table, methods, categories, temperatures) -> dict:
     """Per temperature and method: the geometric mean of the categories' speedups."""
     import math
@@ -151,7 +167,8 @@ def _overall(table, methods, categories, temperatures) -> dict:
     for t in temperatures:
         for m in methods:
             values = [table[f"T={t:g}|{c}|{m}"]["speedup"] for c in categories]
-            out[f"T={t:g}|{m}"] = math.exp(sum(math.log(v) for v in values) / len(values))
+            values = [v for v in values if not math.isnan(v)]
+            out[f"T={t:g}|{m}"] = math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
     return out
 
 
@@ -166,6 +183,9 @@ def markdown(report, methods, categories, temperatures) -> str:
             cells = []
             for c in categories:
                 row = report["table"][f"T={t:g}|{c}|{m}"]
+                if "error" in row:
+                    cells.append("n/a")
+                    continue
                 pred = f" ({row['predicted']:.2f})" if "predicted" in row else ""
                 cells.append(f"{row['speedup']:.2f}x{pred}, {row['tau']:.2f}")
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {report['overall'][f'T={t:g}|{m}']:.2f}x |")
@@ -183,7 +203,7 @@ def _heat_map(report, methods, categories, temperatures, path) -> None:
         grid = np.array([[report["table"][f"T={t:g}|{c}|{m}"]["speedup"] for c in categories] for m in methods])
         image = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
         for (i, j), value in np.ndenumerate(grid):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+            ax.text(j, i, "n/a" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(categories)), categories, fontsize=8)
         ax.set_yticks(range(len(methods)), methods, fontsize=8)
         ax.set_title(f"{report['model']}, T = {t:g}: speedup over plain decoding", fontsize=9)

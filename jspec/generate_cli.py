@@ -53,6 +53,10 @@ def _check_methods(args, methods) -> None:
         raise ValueError("--lookahead-* options are for method lookahead; add it to the methods or drop them.")
     check_options(methods, tree=_tree(args), ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                   draft_model=args.draft_model)  # fmt: skip
+    if "lookahead" in methods:  # W, N, G and the pool checked before any model loads
+        from jspec.drafters.factory import make_drafter
+
+        make_drafter("lookahead", None, lookahead=_lookahead(args))
     if methods == ["lookahead"] and args.num_draft is not None:
         raise ValueError("Lookahead decoding drafts --lookahead-level - 1 tokens; drop --num-draft.")
     if "lookahead" not in methods:

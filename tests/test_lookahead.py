@@ -169,3 +169,15 @@ def test_lookahead_options_are_refused_clearly(target):
     with pytest.raises(ValueError, match="for method lookahead, not 'ngram'"):
         make_drafter("ngram", target, lookahead={"window": 4})
     assert make_drafter("lookahead", target, lookahead={"window": 5}).window == 5
+
+
+def test_lookahead_command_line_refuses_bad_knobs_before_loading(capsys):
+    from jspec.cli import main
+
+    base = ["generate", "--prompt", "Hi", "--model", "no-such-model"]  # never loaded: refused first
+    assert main([*base, "--method", "lookahead", "--lookahead-level", "1"]) == 2
+    assert "level must be a whole number >= 2" in capsys.readouterr().err
+    assert main([*base, "--method", "ngram", "--lookahead-window", "3"]) == 2
+    assert "--lookahead-* options are for method lookahead" in capsys.readouterr().err
+    assert main([*base, "--method", "lookahead", "--num-draft", "3"]) == 2
+    assert "drop --num-draft" in capsys.readouterr().err
