@@ -155,12 +155,17 @@ def test_lookahead_grid_tiny(tmp_path, smollm2):
     assert results["mt-bench|lookahead 2:3:2"]["width"] == 1 + 2 * 2 + 2 * 2
 
 
-@pytest.mark.slow  # ~60 s on SmolLM2; run_interleaved and the drafters are tested elsewhere
-def test_spec_bench_table_tiny(tmp_path, smollm2):
+def test_spec_bench_categories():
     module = _load("spec_bench_table")
     with pytest.raises(ValueError, match="Spec-Bench has no category 'poetry'"):
         module.category_prompts("poetry", 1)
     assert {p.category for p in module.category_prompts("multi-turn", 80)} == set(module.MULTI_TURN)
+    assert len(module.category_prompts("multi-turn", 80)) == 80 and len(module.category_prompts("rag", 2)) == 2
+
+
+@pytest.mark.slow  # ~60 s on SmolLM2; run_interleaved and the drafters are tested elsewhere
+def test_spec_bench_table_tiny(tmp_path, smollm2):
+    module = _load("spec_bench_table")
     report = module.main(["--tiny", "--out", str(tmp_path)])
     assert set(report["table"]) == {"T=0|qa|ar", "T=0|qa|ngram", "T=0|qa|lookahead"}
     assert "predicted" in report["table"]["T=0|qa|lookahead"]
