@@ -74,8 +74,17 @@ def test_one_default_per_knob_for_python_and_the_command_line():
     for command in (["generate", "--prompt", "x"], ["bench"]):
         args = vars(build_parser().parse_args(command))
         assert args["num_draft"] is None  # the shared default for a chain, a tree's own depth for a tree
-        assert {knob: args[knob] for knob in DEFAULTS.__dataclass_fields__} == DEFAULTS.__dict__ | {"num_draft": None}
+        # None: the library's default (a lookahead knob given to another method is refused, so "given" must show)
+        unset = {"num_draft": None} | {k: None for k in DEFAULTS.__dataclass_fields__ if k.startswith("lookahead_")}
+        assert {knob: args[knob] for knob in DEFAULTS.__dataclass_fields__} == DEFAULTS.__dict__ | unset
     assert make_drafter("ngram", None).num_draft == DEFAULTS.num_draft
+    lookahead = make_drafter("lookahead", None)
+    assert (lookahead.window, lookahead.level, lookahead.guesses, lookahead.pool_size) == (
+        DEFAULTS.lookahead_window,
+        DEFAULTS.lookahead_level,
+        DEFAULTS.lookahead_guesses,
+        DEFAULTS.lookahead_pool,
+    )
 
 
 @pytest.mark.parametrize(
