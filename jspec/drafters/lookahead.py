@@ -109,11 +109,9 @@ class LookaheadDecoding:
         if not self.prompt_ngrams or p + 1 < self.level:
             return state
         # the prompt's n-grams, latest last, then the pending token's: (n - 1) tokens after each first token
-        text = ctx.history[:, : p + 1]
-        starts = jnp.arange(p + 2 - self.level)
-        grams = jnp.stack([text[:, starts + k] for k in range(self.level)], axis=-1)  # [B, S, N]
-        ok = starts[None, :] + self.level <= ctx.length[:, None]
-        return jax.vmap(self._insert)(state, grams[:, :, 0], grams[:, :, 1:], ok)
+        starts = jnp.broadcast_to(jnp.arange(p + 2 - self.level)[None], (b, p + 2 - self.level))
+        ok = starts + self.level <= ctx.length[:, None]
+        return jax.vmap(self._insert)(state, *self._text_ngrams(ctx.history, starts, ok))
 
     def propose(self, state: PoolState, ctx: Context, key, sampling: SamplingParams):
         b, g, lv = ctx.last.shape[0], self.guesses, self.levels
@@ -173,18 +171,19 @@ class LookaheadDecoding:
         state, _ = jax.lax.scan(put, state, (keys, grams, ok))
         return state
 
+    def _text_ngrams(self, history, starts, ok):
+        """The text's n-grams starting at ``starts`` int32[B, S] where ``ok`` (and the start is in the
+        text): (first tokens [B, S], continuations [B, S, N - 1], which to store [B, S])."""
+        idx = jnp.maximum(starts[:, :, None] + jnp.arange(self.level)[None, None, :], 0)
+        grams = jnp.take_along_axis(history[:, None, :], idx, axis=2)
+        return grams[:, :, 0], grams[:, :, 1:], ok & (starts >= 0)
+
     def _new_text_ngrams(self, ctx: Context, num_accepted):
-        """The n-grams of the text that end in this step's new tokens (the accepted drafts and the
-        new pending token): (first tokens [B, S], continuations [B, S, L], which exist [B, S])."""
-        n = self.level
-        ends = ctx.length[:, None] - 1 - jnp.arange(self.levels + 1)[None, :]  # [B, S], latest last below
-        ends = ends[:, ::-1]
-        starts = ends - (n - 1)
+        """The n-grams that end in this step's new tokens (the accepted drafts and the new pending
+        token), oldest first: at most N of them end in the N - 1 drafts and the pending token."""
+        ends = ctx.length[:, None] - 1 - self.levels + jnp.arange(self.levels + 1)[None, :]  # [B, N]
         new = ends >= (ctx.length - 1 - num_accepted)[:, None]
-        ok = new & (starts >= 0)
-        idx = jnp.maximum(starts[:, :, None] + jnp.arange(n)[None, None, :], 0)  # [B, S, N]
-        grams = jnp.take_along_axis(ctx.history[:, None, :], idx, axis=2)
-        return grams[:, :, 0], grams[:, :, 1:], ok
+        return self._text_ngrams(ctx.history, ends - self.levels, new)
 
     def commit(self, state: PoolState, ctx: Context, feedback: Feedback):
         if feedback.lookahead_logits is None:  # no window was fed (not a step of this drafter's)
