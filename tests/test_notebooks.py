@@ -2,8 +2,14 @@
 
 ``make notebooks`` (``notebooks/execute.py``) executes them in place and stamps each code cell with
 the SHA-256 of the source that produced its outputs; a notebook whose code changed since is stale.
+
+``make test`` executes the first notebook (seconds) and checks every notebook's use of jspec against
+the library (each name it imports or reaches through ``jspec.`` exists); the real-model notebooks
+(1.5-2 minutes each here) run in ``make test-slow`` and ``make notebooks``.
 """
 
+import ast
+import importlib
 import json
 import pathlib
 import shutil
@@ -77,7 +83,64 @@ def kernel_env(tmp_path_factory):
     return os.environ | {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
 
 
+def jspec_names_missing(source: str) -> list[str]:
+    """The jspec names a notebook's code uses that the library does not have (shell and magic lines skipped)."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("!", "%")))
+    missing = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jspec":
+            module = importlib.import_module(node.module)
+            missing += [f"{node.module}.{a.name}" for a in node.names if not _resolves(module, a.name)]
+        elif isinstance(node, ast.Attribute):
+            chain = []
+            while isinstance(node, ast.Attribute):
+                chain.insert(0, node.attr)
+                node = node.value
+            if isinstance(node, ast.Name) and node.id == "jspec":
+                obj, path = importlib.import_module("jspec"), "jspec"
+                for attr in chain:
+                    path += "." + attr
+                    if not _resolves(obj, attr):
+                        missing.append(path)
+                        break
+                    obj = _resolves(obj, attr)
+    return missing
+
+
+def _resolves(obj, attr):
+    """``obj.attr``, importing a submodule where that is what the name is; None when there is none."""
+    if hasattr(obj, attr):
+        return getattr(obj, attr)
+    if hasattr(obj, "__path__"):
+        try:
+            return importlib.import_module(f"{obj.__name__}.{attr}")
+        except ModuleNotFoundError:
+            return None
+    return None
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_jspec_name_a_notebook_uses_exists(path):
+    """The quick guard for the notebooks that only `make test-slow` executes: a renamed or removed API fails here."""
+    nb = json.loads(path.read_text())
+    source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert not jspec_names_missing(source), f"{path.name} uses names jspec lacks: {jspec_names_missing(source)}"
+
+
+def test_a_missing_name_is_reported():
+    """Negative control of the name check."""
+    assert jspec_names_missing("from jspec.bench import run_interleaved, no_such_thing\njspec.trace.nope(1)") == [
+        "jspec.bench.no_such_thing",
+        "jspec.trace.nope",
+    ]
+    assert jspec_names_missing("import jspec\n!pip -q install x\njspec.bench.run_interleaved") == []
+
+
+def _execution_marks(path):
+    return () if path.name.startswith("01_") else (pytest.mark.slow,)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=_execution_marks(p)) for p in NOTEBOOKS], ids=lambda p: p.name)
 def test_notebook_runs_in_a_jupyter_kernel(path, tmp_path, kernel_env):
     """Top to bottom in a fresh kernel (nbclient), as `make notebooks` runs it; the copy is thrown away."""
     runner = _load_runner()

@@ -29,9 +29,7 @@ def test_tiny_training_run_then_greedy_eagle_equals_plain(smollm2, tmp_path, cap
     eagle = json.loads(capsys.readouterr().out)
     assert eagle["tokens"] == plain["tokens"]
     assert eagle["stats"]["tau"] >= 1.0
-    for tree in (["--tree", "2,2,2"], ["--tree", "dynamic", "--tree-top-k", "3", "--tree-depth", "3"]):
-        assert main(["generate", *prompt, "--method", "eagle3", "--head", str(out), *tree, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"], tree
+    # Trees on SmolLM2 are test_real_shipped_head's (the shipped head, a dynamic tree); static ones test_tree_engine's.
     _fine_tuning_starts_from_the_saved_head_and_joins_extra_data(smollm2, out, tmp_path)
 
 
