@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.cache import KVCache
+from jspec.files import atomic_write, write_text
 from jspec.models.llama import decoder_layer, linear, rms_norm
 
 __all__ = [
@@ -282,11 +283,10 @@ def save_head(head: DraftHead, folder, recipe: dict | None = None) -> pathlib.Pa
         for path, v in nnx.to_flat_state(nnx.state(head, nnx.Param))
     }
     tensors["d2t"] = np.asarray(head.d2t[...], np.int32)
-    tmp = folder / (HEAD_WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(folder / HEAD_WEIGHTS)
+    with atomic_write(folder / HEAD_WEIGHTS) as tmp:
+        save_file(tensors, str(tmp))
     meta = {"config": json.loads(head.config.to_json()), "recipe": recipe or {}}
-    (folder / HEAD_META).write_text(json.dumps(meta, indent=1))
+    write_text(folder / HEAD_META, json.dumps(meta, indent=1))
     return folder
 
 

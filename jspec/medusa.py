@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jspec.files import atomic_write, write_text
 from jspec.heads import Frozen, read_tensors
 from jspec.models.llama import linear, rms_norm
 
@@ -102,13 +103,10 @@ def save_medusa(heads: MedusaHeads, folder, recipe: dict | None = None) -> pathl
 
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS + ".tmp")
-    save_file({"w": np.asarray(heads.w[...], np.float16), "b": np.asarray(heads.b[...], np.float16)}, str(tmp))
-    tmp.replace(folder / WEIGHTS)
+    with atomic_write(folder / WEIGHTS) as tmp:
+        save_file({"w": np.asarray(heads.w[...], np.float16), "b": np.asarray(heads.b[...], np.float16)}, str(tmp))
     meta = {"kind": "medusa", "config": dataclasses.asdict(heads.config), "recipe": recipe or {}}
-    tmp = folder / (META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1))
-    tmp.replace(folder / META)
+    write_text(folder / META, json.dumps(meta, indent=1))
     return folder
 
 

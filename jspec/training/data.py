@@ -27,7 +27,6 @@ import ast
 import collections
 import hashlib
 import json
-import os
 import pathlib
 import re
 import sys
@@ -37,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from jspec.files import atomic_write, write_text
 
 __all__ = [
     "feature_forward", "fitting_prompts", "generate_examples", "load_shards", "self_instruct_prompts",
@@ -73,10 +74,7 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
         prompts = json.loads(cached.read_text())
     except (OSError, ValueError):  # absent or unreadable: build it again
         prompts = _build_stdlib_prompts(root, seed, max_doc_chars)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(prompts))
-        partial.replace(cached)  # atomic: a reader sees the whole list or none
+        write_text(cached, json.dumps(prompts))  # atomic: a reader sees the whole list or none
     return prompts if limit is None else prompts[:limit]
 
 
@@ -233,7 +231,8 @@ def fitting_prompts(tokenizer, prompts: list[str], max_len: int, limit: int | No
 
 def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tuple[int, ...], *, seq_len: int = 256,
                       max_new_tokens: int = 192, batch_size: int = 8, temperature: float = 0.0, seed: int = 0,
-                      min_response: int = 64, limit: int | None = None, progress=None) -> dict:  # fmt: skip
+                      min_response: int = 64, limit: int | None = None, progress=None,
+                      resume_dir=None) -> dict:  # fmt: skip
     """Regenerates responses with the target and records its hidden states.
 
     Returns numpy arrays: ``tokens`` int32[N, seq_len], ``mask`` bool[N, seq_len] (response
@@ -241,6 +240,10 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     float16[N, seq_len, H] (the last layer), and ``counts`` int64[V] of response tokens.
     Prompts longer than ``seq_len - min_response`` tokens are left out; the first ``limit``
     of the rest are used (N counts them).
+
+    ``resume_dir``: a folder where each finished batch is kept (``batch_NNNNNN.npz``, written
+    atomically); a run killed midway and started again with the same arguments takes those batches
+    from it instead of generating them again.
     """
     from jspec.decode import Decoder
     from jspec.sampling import SamplingParams
@@ -263,25 +266,44 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
         raise ValueError(f"no prompt leaves {room} tokens for a response within seq_len {seq_len}; raise seq_len.")
     for start in range(0, len(encoded), batch_size):
         ids = encoded[start : start + batch_size]
-        budget = min(max_new_tokens, seq_len - max(len(p) for p in ids))
-        result = decoder.generate(ids, budget, sampling, seed=seed + start)
-        tokens = np.zeros((len(ids), seq_len), np.int32)
-        mask = np.zeros((len(ids), seq_len), bool)
-        for i, (p, r) in enumerate(zip(ids, result.tokens, strict=True)):
-            seq = (p + r)[:seq_len]
-            tokens[i, : len(seq)] = seq
-            mask[i, len(p) : len(seq)] = True
-            np.add.at(counts, np.asarray(r, np.int64), 1)
-        hs = hidden(state, jnp.asarray(tokens))
-        out["tokens"].append(tokens)
-        out["mask"].append(mask)
-        out["features"].append(np.stack([np.asarray(h) for h in hs[:-1]], axis=2))
-        out["top"].append(np.asarray(hs[-1]))
+        kept = None if resume_dir is None else pathlib.Path(resume_dir) / f"batch_{start:06d}.npz"
+        if kept is not None and kept.exists():
+            try:
+                with np.load(kept) as z:
+                    part = {k: z[k] for k in z.files}
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{kept} is corrupt ({err}); delete it and run again (the batch is remade).") from err
+        else:
+            part = _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampling, seed + start,
+                                   c.vocab_size)  # fmt: skip
+            if kept is not None:
+                with atomic_write(kept) as tmp, open(tmp, "wb") as f:
+                    np.savez(f, **part)
+        for k in out:
+            out[k].append(part[k])
+        counts += part["counts"]
         if progress is not None:
-            progress(min(start + batch_size, len(encoded)), int(mask.sum()))
+            progress(min(start + batch_size, len(encoded)), int(part["mask"].sum()))
     data = {k: np.concatenate(v) for k, v in out.items()}
     data["counts"] = counts
     return data
+
+
+def _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampling, seed, vocab_size) -> dict:
+    """One batch of responses and their hidden states (as :func:`generate_examples` keeps them)."""
+    counts = np.zeros(vocab_size, np.int64)
+    budget = min(max_new_tokens, seq_len - max(len(p) for p in ids))
+    result = decoder.generate(ids, budget, sampling, seed=seed)
+    tokens = np.zeros((len(ids), seq_len), np.int32)
+    mask = np.zeros((len(ids), seq_len), bool)
+    for i, (p, r) in enumerate(zip(ids, result.tokens, strict=True)):
+        seq = (p + r)[:seq_len]
+        tokens[i, : len(seq)] = seq
+        mask[i, len(p) : len(seq)] = True
+        np.add.at(counts, np.asarray(r, np.int64), 1)
+    hs = hidden(state, jnp.asarray(tokens))
+    features = np.stack([np.asarray(h) for h in hs[:-1]], axis=2)
+    return {"tokens": tokens, "mask": mask, "features": features, "top": np.asarray(hs[-1]), "counts": counts}
 
 
 def write_shards(data: dict, folder: pathlib.Path, meta: dict, shard_size: int = 256) -> pathlib.Path:
@@ -293,11 +315,13 @@ def write_shards(data: dict, folder: pathlib.Path, meta: dict, shard_size: int =
     for i, start in enumerate(range(0, n, shard_size)):
         name = f"shard_{i:05d}.npz"
         part = {k: data[k][start : start + shard_size] for k in ("tokens", "mask", "features", "top")}
-        np.savez(folder / name, **part)
+        with atomic_write(folder / name) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **part)
         names.append(name)
-    np.save(folder / "counts.npy", data["counts"])
+    with atomic_write(folder / "counts.npy") as tmp, open(tmp, "wb") as f:
+        np.save(f, data["counts"])
     meta = meta | {"shards": names, "examples": n, "response_tokens": int(data["mask"].sum())}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    write_text(folder / "meta.json", json.dumps(meta, indent=1))
     return folder
 
 

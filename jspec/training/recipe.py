@@ -4,12 +4,16 @@ training with checkpoints, the saved head."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
+import shutil
+import sys
 import time
 
 import numpy as np
 from flax import nnx
 
+from jspec.files import write_text
 from jspec.heads import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
 from jspec.medusa import MedusaConfig, MedusaHeads, save_medusa
 from jspec.training.data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
@@ -81,18 +85,43 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another data folder.")
     t0 = time.perf_counter()
+    work = _unfinished_work(folder, want | {"gen_batch": recipe.gen_batch})
     if recipe.prompt_source == "self":  # short user turns (<= 64 tokens): every one leaves room for a response
-        prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed,
-                                        progress=bars and bars("writing prompts", recipe.num_prompts))  # fmt: skip
+        if (work / "prompts.json").exists():
+            prompts = json.loads((work / "prompts.json").read_text())
+        else:
+            prompts = self_instruct_prompts(target, tokenizer, recipe.num_prompts, seed=recipe.train.seed,
+                                            progress=bars and bars("writing prompts", recipe.num_prompts))  # fmt: skip
+            write_text(work / "prompts.json", json.dumps(prompts))
     else:
         prompts = stdlib_prompts()
     data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
                              max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
                              temperature=recipe.gen_temperature, limit=recipe.num_prompts,
-                             progress=bars and bars("generating responses", recipe.num_prompts))  # fmt: skip
+                             progress=bars and bars("generating responses", recipe.num_prompts),
+                             resume_dir=work)  # fmt: skip
     meta = want | {"prompts": PROMPT_SOURCES[recipe.prompt_source], "seconds": time.perf_counter() - t0}
     write_shards(data, folder, meta)
+    shutil.rmtree(work, ignore_errors=True)
     return data
+
+
+def _unfinished_work(folder: pathlib.Path, want: dict) -> pathlib.Path:
+    """``FOLDER/.unfinished``: what a killed run of the same recipe finished (its prompts, its batches),
+    made if absent. Work of another recipe is refused, not thrown away."""
+    work = folder / ".unfinished"
+    recorded = work / "recipe.json"
+    if recorded.exists():
+        had = json.loads(recorded.read_text())
+        if had != want:
+            raise ValueError(f"{work} holds the unfinished data of another recipe ({had}); choose another data "
+                             "folder, or delete that folder to start this recipe's data there.")  # fmt: skip
+        done = len(list(work.glob("batch_*.npz")))
+        print(f"resuming the data in {folder}: {done} batch(es) of {want['gen_batch']} prompts already made",
+              file=sys.stderr)  # fmt: skip
+    else:
+        write_text(recorded, json.dumps(want))
+    return work
 
 
 def load_extra_data(folders, data: dict, meta_keys: dict) -> tuple[dict, list[dict]]:
@@ -143,6 +172,9 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         head, d2t, extra_metas, data = _eagle_head(target, recipe, data, extra_data, model_name)
         trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
     resumed_from = trainer.step if trainer.restore() else None
+    if resumed_from is not None:
+        print(f"resuming training at step {resumed_from} of {recipe.train.total_steps} from {out_dir / 'checkpoints'} "
+              f"(data: {data_dir}, {len(data['tokens'])} examples)", file=sys.stderr)  # fmt: skip
     t1 = time.perf_counter()
     tick = bar("training", recipe.train.total_steps, start=trainer.step)
     history = trainer.fit(data, until=until, progress=tick, log_every=1)

@@ -149,7 +149,16 @@ class Trainer:
 
         step = self.manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._saved())
-        saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        try:
+            saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as err:  # orbax and tensorstore raise assorted errors on damaged or foreign files
+            folder = self.manager.directory / str(step)
+            earlier = [s for s in self.manager.all_steps() if s != step]
+            raise ValueError(
+                f"the checkpoint {folder} cannot be restored ({type(err).__name__}: {str(err)[:200]}): it is damaged "
+                f"or was written for another head or optimizer. Delete that folder to resume from "
+                f"{f'step {max(earlier)}' if earlier else 'the start'}, or train into another --out."
+            ) from err
         self.params, self.opt_state, self.step = saved["params"], saved["opt_state"], int(saved["step"])
         return True
 

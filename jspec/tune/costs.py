@@ -30,6 +30,7 @@ from flax import nnx
 from jspec.batching import bucket
 from jspec.decode import jit_forward, prefill
 from jspec.drafters.base import Context, Feedback, check_drafter, merge_drafter, split_drafter
+from jspec.files import write_text
 from jspec.sampling import SamplingParams
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
@@ -285,12 +286,7 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
 
 def save_profile(profile: CostProfile, path) -> pathlib.Path:
     """Writes the profile atomically (a reader sees the old file or the new one, never half)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(profile.to_json(), indent=1))
-    tmp.replace(path)
-    return path
+    return write_text(path, json.dumps(profile.to_json(), indent=1))
 
 
 def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, batch: int = 1, max_k: int = 8,

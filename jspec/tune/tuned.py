@@ -17,6 +17,8 @@ import datetime
 import json
 import pathlib
 
+from jspec.files import write_text
+
 __all__ = ["BANDS", "TUNED_VERSION", "Recommendation", "Setting", "TunedConfig", "band_of", "load_tuned",
            "save_tuned", "tuned_path"]  # fmt: skip
 
@@ -257,9 +259,4 @@ def load_tuned(path, *, model: str | None = None, vocab_size: int | None = None)
 
 def save_tuned(config: TunedConfig, path) -> pathlib.Path:
     """Writes atomically: a reader sees the old file or the new one, never half of one."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config.to_json(), indent=1))
-    tmp.replace(path)
-    return path
+    return write_text(path, json.dumps(config.to_json(), indent=1))
