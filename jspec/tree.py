@@ -51,6 +51,7 @@ __all__ = [
     "StaticTree",
     "TreeVerdict",
     "ancestor_mask",
+    "check_tree",
     "frontier_sizes",
     "tree_attention_mask",
     "verify_tree",
@@ -213,20 +214,47 @@ class TreeVerdict:
 
     Attributes:
       path: int32[D + 1]; the accepted nodes from the root (path[0] = 0); slots
-        after ``num_accepted`` hold 0.
+        after ``num_accepted`` hold 0 (the root: a valid index to gather with).
       num_accepted: int32[]; drafts accepted, 0..D.
       tokens: int32[D + 1]; the accepted drafts, then the correction or bonus
-        token; later slots hold 0.
+        token; slots at and after ``num_emitted`` hold ``pad_id``.
       num_emitted: int32[]; ``num_accepted + 1``.
+      accepted: bool[D]; per depth, whether a draft was accepted there.
     """
 
     path: jax.Array
     num_accepted: jax.Array
     tokens: jax.Array
     num_emitted: jax.Array
+    accepted: jax.Array
 
 
-def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth: int) -> TreeVerdict:
+def check_tree(tokens, parents, used, max_depth) -> None:
+    """Raises ValueError unless a tree's arrays are well formed and ``max_depth`` is at least its deepest
+    used node's depth (a smaller one would end the walk early). Skipped for traced arrays; a leading batch
+    axis is allowed."""
+    if not isinstance(max_depth, (int, np.integer)) or isinstance(max_depth, bool) or max_depth < 1:
+        raise ValueError(f"max_depth must be a positive int (static), got {max_depth!r}.")
+    if any(isinstance(x, jax.core.Tracer) for x in (tokens, parents, used)):
+        return
+    tokens, parents, used = np.asarray(tokens), np.asarray(parents), np.asarray(used, bool)
+    if not tokens.shape == parents.shape == used.shape or tokens.ndim not in (1, 2):
+        raise ValueError(f"tokens, parents and used must share one shape [T] or [B, T]; got {tokens.shape}, "
+                         f"{parents.shape}, {used.shape}.")  # fmt: skip
+    parents2, used2 = parents.reshape(-1, parents.shape[-1]), used.reshape(-1, used.shape[-1])
+    t = parents2.shape[1]
+    if np.any((parents2[:, 1:] < 0) | (parents2[:, 1:] >= np.arange(1, t))):
+        raise ValueError("every node's parent must come before it (0 <= parents[j] < j for j >= 1).")
+    depth = np.zeros(parents2.shape, np.int64)
+    for j in range(1, t):
+        depth[:, j] = depth[np.arange(len(depth)), parents2[:, j]] + 1
+    deepest = int(np.max(np.where(used2, depth, 0)))
+    if deepest > max_depth:
+        raise ValueError(f"max_depth is {max_depth} but the tree has a used node at depth {deepest}: the walk "
+                         f"would stop before it and bias the next token; pass max_depth >= {deepest}.")  # fmt: skip
+
+
+def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth: int, pad_id=0) -> TreeVerdict:
     """Walks one tree from the root and accepts a path (see the module docstring).
 
     Args:
@@ -238,10 +266,12 @@ def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth
         deterministically (one-hot rows, handled without V-sized work per node).
       target_probs: float32[T, V]; the target's distribution after each node.
       key: PRNG key.
-      max_depth: the deepest node's depth (static).
+      max_depth: the deepest used node's depth or more (static; checked when the arrays are concrete).
+      pad_id: value for the slots of ``tokens`` after the emitted ones.
     """
+    check_tree(tokens, parents, used, max_depth)
     if draft_probs is None:
-        return _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth)
+        return _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth, pad_id)
     t = tokens.shape[0]
     walk_key, sample_key = jax.random.split(key)
     uniforms = jax.random.uniform(walk_key, (max_depth, t))
@@ -269,18 +299,18 @@ def verify_tree(tokens, parents, used, draft_probs, target_probs, key, max_depth
     init = (jnp.int32(0), target_probs[0], jnp.bool_(False), jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
     (_, q, _, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
     # q is now the residual at the node where the walk stopped, or the leaf's target distribution.
-    return _verdict(tokens, path, num_acc, sample(sample_key, q), max_depth)
+    return _verdict(tokens, path, num_acc, sample(sample_key, q), max_depth, pad_id)
 
 
-def _verdict(tokens, path, num_acc, next_token, max_depth: int) -> TreeVerdict:
+def _verdict(tokens, path, num_acc, next_token, max_depth: int, pad_id) -> TreeVerdict:
     """The accepted path's tokens followed by the correction or bonus token."""
     slots = jnp.arange(max_depth + 1)
-    out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], 0)
+    out = jnp.where(slots < num_acc, tokens[path[jnp.minimum(slots + 1, max_depth)]], pad_id)
     out = jnp.where(slots == num_acc, next_token, out).astype(jnp.int32)
-    return TreeVerdict(path, num_acc, out, num_acc + 1)
+    return TreeVerdict(path, num_acc, out, num_acc + 1, slots[:-1] < num_acc)
 
 
-def _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth: int) -> TreeVerdict:
+def _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_depth: int, pad_id) -> TreeVerdict:
     """:func:`verify_tree` when every draft is one-hot: the sibling rule on scalars.
 
     Child j of node u (token x_j, earlier siblings rejected) is accepted with
@@ -317,20 +347,23 @@ def _verify_tree_deterministic(tokens, parents, used, target_probs, key, max_dep
         return (node, stopped | ~accepted, num_acc, path), None
 
     init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
-    (node, _, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
-    tried = jnp.zeros_like(target_probs[0], dtype=bool).at[tokens].max((parents == node) & is_node)
+    (node, stopped, num_acc, path), _ = jax.lax.scan(level, init, uniforms)
+    # Where the walk stopped at a rejection, every child of the node was tried; where it ran out of depth, none.
+    tried = jnp.zeros_like(target_probs[0], dtype=bool).at[tokens].max((parents == node) & is_node & stopped)
     resid = jnp.where(tried, 0.0, target_probs[node])
     total = resid.sum()
     nxt = sample(sample_key, jnp.where(total > 0, resid / jnp.where(total > 0, total, 1.0), target_probs[node]))
-    return _verdict(tokens, path, num_acc, nxt, max_depth)
+    return _verdict(tokens, path, num_acc, nxt, max_depth, pad_id)
 
 
-def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, max_depth: int) -> TreeVerdict:
+def verify_tree_batch(tokens, parents, used, draft_probs, target_probs, keys, max_depth: int,
+                      pad_id=0) -> TreeVerdict:  # fmt: skip
     """:func:`verify_tree` vmapped over a batch, each row with its own tree and key
     (``draft_probs`` None: every draft deterministic)."""
+    check_tree(tokens, parents, used, max_depth)
     probs_axis = None if draft_probs is None else 0
-    return jax.vmap(verify_tree, in_axes=(0, 0, 0, probs_axis, 0, 0, None))(
-        tokens, parents, used, draft_probs, target_probs, keys, max_depth
+    return jax.vmap(verify_tree, in_axes=(0, 0, 0, probs_axis, 0, 0, None, None))(
+        tokens, parents, used, draft_probs, target_probs, keys, max_depth, pad_id
     )
 
 

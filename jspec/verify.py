@@ -56,14 +56,15 @@ class ChainVerdict:
 
 
 def acceptance_probability(p_d: jax.Array, q_d: jax.Array) -> jax.Array:
-    """min(1, q(d) / p(d)), elementwise.
+    """min(1, q(d) / p(d)), elementwise; 0 where p(d) = 0.
 
-    When p(d) = 0 the ratio's limit is +inf, so the draft is accepted, unless
-    q(d) = 0 too: a token the target can never emit is never accepted.
+    A draft its drafter gives probability 0 could not have been drawn from that
+    distribution: it is a placeholder or a drafter's bug, and it is rejected (as
+    vLLM's sampler does), so the step goes on from the residual. For drafts
+    really drawn from p this happens with probability 0, so exactness is kept.
     """
     safe_p = jnp.where(p_d > 0, p_d, 1.0)
-    ratio = jnp.minimum(1.0, q_d / safe_p)
-    return jnp.where(p_d > 0, ratio, jnp.where(q_d > 0, 1.0, 0.0))
+    return jnp.where(p_d > 0, jnp.minimum(1.0, q_d / safe_p), 0.0)
 
 
 def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:

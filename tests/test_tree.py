@@ -8,7 +8,8 @@ from scipy import stats
 
 from jspec.drafters.unroll import grow_dynamic_tree, select_dynamic_tree
 from jspec.sampling import sample
-from jspec.tree import StaticTree, ancestor_mask, verify_tree
+from jspec.tree import StaticTree, ancestor_mask, verify_tree, verify_tree_batch
+from jspec.verify import verify_chain
 
 V = 6  # toy vocabulary
 
@@ -220,3 +221,63 @@ def test_dynamic_tree_grows_the_likeliest_paths():
     assert set(tokens[depths == 1]) <= set(np.argsort(-lp[0])[:3])
     with pytest.raises(ValueError, match="total"):
         grow_dynamic_tree(_toy_expand(p), (), jnp.zeros((1,), jnp.int32), logp[:1], top_k=2, depth=2, total=8)
+
+
+# ---------------------------------------------------------------- the verifiers' own contracts
+
+
+def _three_node_chain():
+    """root -> node 1 (token 1) -> node 2 (token 2); q after the root is one-hot on 1, after node 1 {0: .5, 2: .5}."""
+    tokens, parents, used = jnp.array([0, 1, 2]), jnp.array([0, 0, 1]), jnp.ones(3, bool)
+    q = jnp.array([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    return tokens, parents, used, q
+
+
+def test_a_max_depth_below_the_trees_depth_is_refused_before_anything_runs():
+    tokens, parents, used, q = _three_node_chain()
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(ValueError, match="max_depth is 1 but the tree has a used node at depth 2"):
+        verify_tree(tokens, parents, used, None, q, key, 1)
+    with pytest.raises(ValueError, match="max_depth is 1 but"):
+        verify_tree_batch(tokens[None], parents[None], used[None], None, q[None], key[None], 1)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="max_depth must be a positive int"):
+            verify_tree(tokens, parents, used, None, q, key, bad)
+    with pytest.raises(ValueError, match="parent must come before it"):
+        verify_tree(tokens, jnp.array([0, 2, 1]), used, None, q, key, 2)
+    verify_tree(tokens, parents, used.at[2].set(False), None, q, key, 1)  # the unused deep node does not count
+
+
+def test_a_walk_cut_short_inside_jit_draws_the_bonus_from_q_not_from_an_untried_childs_residual():
+    """Traced arrays cannot be checked; a max_depth below the tree's depth then verifies the tree cut at that
+    depth, exactly: the next token after node 1 is q's {0: .5, 2: .5}, not 'q without node 2's token' (always 0,
+    the bias the peers' conformance run found)."""
+    tokens, parents, used, q = _three_node_chain()
+    run = jax.jit(jax.vmap(lambda k, t, p, u: verify_tree(t, p, u, None, q, k, 1).tokens, (0, None, None, None)))
+    out = np.asarray(run(jax.random.split(jax.random.PRNGKey(0), 4000), tokens, parents, used))
+    assert np.all(out[:, 0] == 1)
+    assert stats.binomtest(int(np.sum(out[:, 1] == 2)), len(out), 0.5).pvalue > 1e-3
+
+
+def test_tree_verdicts_pad_with_the_given_id_and_mark_what_was_accepted():
+    tokens, parents, used, q = _three_node_chain()
+    keys = jax.random.split(jax.random.PRNGKey(1), 64)
+    for probs in (None, jax.nn.one_hot(tokens, 3)):
+        v = jax.vmap(lambda k, probs=probs: verify_tree(tokens, parents, used, probs, q, k, 2, pad_id=-1))(keys)
+        slots = np.arange(3)
+        emitted = slots[None] < np.asarray(v.num_emitted)[:, None]
+        assert np.all(np.asarray(v.tokens)[~emitted] == -1) and np.all(np.asarray(v.tokens)[emitted] >= 0)
+        np.testing.assert_array_equal(np.asarray(v.accepted), slots[None, :2] < np.asarray(v.num_accepted)[:, None])
+        assert 0 < np.asarray(v.num_accepted).mean() < 2  # both ends of the walk were exercised
+
+
+def test_a_draft_its_drafter_gives_probability_zero_is_never_accepted():
+    """A placeholder: not drawn from p. Chain and tree reject it whatever q gives it."""
+    p = jnp.array([[0.5, 0.0, 0.5]])
+    q = jnp.array([[0.1, 0.8, 0.1], [1 / 3, 1 / 3, 1 / 3]])
+    keys = jax.random.split(jax.random.PRNGKey(2), 500)
+    chain = jax.vmap(lambda k: verify_chain(jnp.array([1]), p, q, k))(keys)
+    assert int(np.asarray(chain.num_accepted).max()) == 0
+    tree = jax.vmap(lambda k: verify_tree(jnp.array([0, 1]), jnp.array([0, 0]), jnp.ones(2, bool),
+                                          jnp.concatenate([p, p]), q, k, 1))(keys)  # fmt: skip
+    assert int(np.asarray(tree.num_accepted).max()) == 0

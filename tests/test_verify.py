@@ -78,7 +78,7 @@ def test_identity_negative_control():
 def test_acceptance_rule_values():
     p = jnp.array([0.5, 0.2, 0.0, 0.0, 0.3])
     q = jnp.array([0.25, 0.6, 0.4, 0.0, 0.0])
-    np.testing.assert_allclose(acceptance_probability(p, q), [0.5, 1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(acceptance_probability(p, q), [0.5, 1.0, 0.0, 0.0, 0.0])  # p(d) = 0: a placeholder
 
 
 def test_residual_all_zero_falls_back_to_q():
