@@ -10,8 +10,11 @@ import argparse
 import json
 import os
 import sys
+import threading
 
-__all__ = ["main"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED_CHECK", "EXIT_INTERRUPTED", "EXIT_OK", "main"]
+
+EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:
@@ -61,7 +64,7 @@ def _cmd_check(args) -> int:
         if result.impossible_tokens:
             print(f"emitted {result.impossible_tokens} tokens the target gives probability 0")
         print("PASSED: speculative output matches the target distribution" if result.passed else "FAILED")
-    return 0 if result.passed else 1
+    return EXIT_OK if result.passed else EXIT_FAILED_CHECK
 
 
 def _cmd_speedup(args) -> int:
@@ -154,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jspec.training.cli import add_train_command
     from jspec.tune.cli import add_tune_commands
 
-    parser = Parser(prog="jspec", description="Exact speculative decoding in JAX.")
+    parser = Parser(prog="jspec", description="Exact speculative decoding in JAX.",
+                    epilog="exit statuses: 0 success, 1 a check that ran and failed, 2 bad input, "
+                    "130 interrupted (Ctrl-C)")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"jspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -210,7 +215,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interruptible(args) -> int:
+    """Runs the command in a worker thread while the main thread waits in short joins, so that a Ctrl-C
+    takes effect at once, even inside XLA's compiler or a long compiled loop (where Python cannot raise):
+    the command's interrupt hooks run (``generate`` prints what it generated), one line goes to stderr,
+    and the process exits with 130. Every file jspec writes is renamed into place when complete and
+    training resumes from its checkpoints, so stopping at any moment loses nothing finished."""
+    from jspec.cli_common import interrupt_hooks
+
+    box = {}
+
+    def work():
+        try:
+            box["rc"] = args.fn(args)
+        except BaseException as err:  # re-raised in the main thread
+            box["err"] = err
+
+    worker = threading.Thread(target=work, name=f"jspec {args.command}", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        for hook in reversed(interrupt_hooks):
+            hook()
+        print(f"jspec {args.command}: interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)  # the worker may be inside XLA, which cannot be stopped from Python
+    if "err" in box:
+        raise box["err"]
+    return box["rc"]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command. Exit statuses: 0 success; 1 a check that ran and failed (``jspec check``);
+    2 bad input (the message says what was wrong); 130 interrupted (Ctrl-C)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "bench", "train", "tune"):
@@ -222,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     if quiet:
         os.environ["JSPEC_PROGRESS"] = "0"
     try:
-        return args.fn(args)
+        return _interruptible(args)
     except ValueError as err:
         if quiet:
             print(json.dumps({"error": str(err)}))
         print(f"jspec {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     finally:
         if quiet and before is None:
             os.environ.pop("JSPEC_PROGRESS", None)

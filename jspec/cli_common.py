@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
-__all__ = ["DEFAULTS_SHOWN", "Parser", "add_model_options", "figure", "plot_bench", "plot_speedup", "stream_printer"]
+__all__ = [
+    "DEFAULTS_SHOWN", "Parser", "add_model_options", "figure", "interrupt_hooks", "on_interrupt", "plot_bench",
+    "plot_speedup", "stream_printer",
+]  # fmt: skip
+
+interrupt_hooks: list = []  # run by ``jspec``'s main on Ctrl-C, newest first, before it exits with 130
+
+
+@contextlib.contextmanager
+def on_interrupt(hook):
+    """While the block runs, a Ctrl-C calls ``hook()`` (e.g. to print what was generated) before the exit."""
+    interrupt_hooks.append(hook)
+    try:
+        yield
+    finally:
+        interrupt_hooks.remove(hook)
 
 
 class DEFAULTS_SHOWN(argparse.ArgumentDefaultsHelpFormatter):  # noqa: N801 (argparse's naming)
@@ -38,8 +54,9 @@ class _StreamPrinter:
     held back while it ends in a partial character (a byte-level token can split one).
     """
 
-    def __init__(self, tokenizer, out=None):
-        self.tokenizer, self.out, self.shown = tokenizer, out or sys.stdout, ""
+    def __init__(self, tokenizer, out=None, show: bool = True):
+        self.tokenizer, self.out, self.shown, self.show = tokenizer, out or sys.stdout, "", show
+        self.latest: list[int] = []  # row 0's tokens so far: what an interrupted run still prints
 
     def _show(self, text: str) -> None:
         if text.startswith(self.shown) and not text.endswith("\ufffd"):
@@ -48,7 +65,13 @@ class _StreamPrinter:
             self.shown = text
 
     def __call__(self, tokens, counts) -> None:
-        self._show(self.tokenizer.decode(tokens[0, : counts[0]].tolist()))
+        self.latest = tokens[0, : counts[0]].tolist()
+        if self.show:
+            self._show(self.tokenizer.decode(self.latest))
+
+    def interrupted(self) -> None:
+        """Ctrl-C: the text generated so far that was not shown yet, and a newline."""
+        self.finish(self.tokenizer.decode(self.latest))
 
     def finish(self, completion: str) -> None:
         """The rest of the completion (tokens past an end of sequence are never shown) and a newline."""
@@ -59,8 +82,9 @@ class _StreamPrinter:
         self.out.flush()
 
 
-def stream_printer(tokenizer, out=None) -> _StreamPrinter:
-    return _StreamPrinter(tokenizer, out)
+def stream_printer(tokenizer, out=None, show: bool = True) -> _StreamPrinter:
+    """``on_tokens`` that prints row 0's text as it comes (``show``) or only keeps it (for a Ctrl-C)."""
+    return _StreamPrinter(tokenizer, out, show)
 
 
 def figure(**kwargs):

