@@ -40,6 +40,10 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DEFAULTS_SHOWN)
         super().__init__(*args, **kwargs)
 
+    def error(self, message):
+        """Bad input: one line (what was wrong, where to read more), exit status 2; no usage block."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
 
 def add_model_options(p: argparse.ArgumentParser, default: str = "smollm2-135m") -> None:
     p.add_argument("--model", default=default, help="registry name, or the path of a Hugging Face model folder")

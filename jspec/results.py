@@ -63,6 +63,15 @@ class GenerationResult:
     setting: str | None = None
     drafts_verified: int = 0
 
+    def __post_init__(self):
+        broken = [i for i, row in enumerate(self.tokens) if any(t < 0 for t in row)]
+        if broken:
+            raise ValueError(
+                f"the model produced NaN or infinite logits (rows {broken}): the output is not valid text, so "
+                "none is returned. Check the weights (a damaged or mis-converted file) and the dtype "
+                "(float16 overflows; use float32 or bfloat16)."
+            )
+
     @property
     def speculative(self) -> bool:
         return self.num_draft > 0

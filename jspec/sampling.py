@@ -58,6 +58,9 @@ class SamplingParams:
           ValueError: temperature < 0, top_k < 0 or top_p outside (0, 1].
         """
         validate_sampling(temperature, top_k, top_p)
+        # A top_k beyond int32 keeps every token, as any top_k above the vocabulary does.
+        if is_concrete(top_k):
+            top_k = np.minimum(np.asarray(top_k, np.float64), np.iinfo(np.int32).max).astype(np.int32)
         return cls(
             temperature=jnp.asarray(temperature, jnp.float32),
             top_k=jnp.asarray(top_k, jnp.int32),
@@ -75,6 +78,9 @@ def validate_sampling(temperature, top_k, top_p) -> None:
         t = np.asarray(temperature, np.float64)
         if not np.all(np.isfinite(t)) or np.any(t < 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy); got {t.tolist()}.")
+        if np.any(t > np.finfo(np.float32).max):  # stored as float32, it would become inf
+            raise ValueError(f"temperature {t.max():.3g} is beyond float32's range (3.4e38); any temperature above "
+                             "~1e3 already samples almost uniformly.")  # fmt: skip
     if is_concrete(top_k):
         k = np.asarray(top_k)
         if k.dtype.kind not in "iu" and not np.all(k == np.round(k)):
@@ -194,16 +200,27 @@ def probs_from_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     scaled = jax.lax.cond(jnp.any(~greedy & (top_p < 1)), lambda x: _top_p_mask(x, top_p), lambda x: x, scaled)
     sampled = jax.nn.softmax(scaled, axis=-1)
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-    return jnp.where(greedy[..., None], onehot, sampled)
+    probs = jnp.where(greedy[..., None], onehot, sampled)
+    return jnp.where(_broken(logits)[..., None], jnp.nan, probs)  # a broken row stays visibly broken
+
+
+INVALID_TOKEN = -1  # what a draw from a broken row gives: never a token id, refused on the host
+
+
+def _broken(logits: jax.Array) -> jax.Array:
+    """Rows holding NaN or +inf (a model's numerical failure; -inf is a legitimate mask)."""
+    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """One draw per row of ``probs`` (float[..., V]) → int32[...].
 
-    Zero-probability tokens are never drawn, so a one-hot row returns its token.
+    Zero-probability tokens are never drawn, so a one-hot row returns its token. A row with a NaN
+    (from a model's NaN or +inf logits) gives ``INVALID_TOKEN``, which the decoders refuse on the host.
     """
     logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-    return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    return jnp.where(jnp.any(jnp.isnan(probs), axis=-1), INVALID_TOKEN, token)
 
 
 def sample_logits(key: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
@@ -216,6 +233,6 @@ def sample_logits(key: jax.Array, logits: jax.Array, params: SamplingParams) -> 
     greedy = jnp.all(jnp.asarray(params.temperature) <= 0)
     return jax.lax.cond(
         greedy,
-        lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        lambda: jnp.where(_broken(logits), INVALID_TOKEN, jnp.argmax(logits, axis=-1)).astype(jnp.int32),
         lambda: sample(key, probs_from_logits(logits, params)),
     )
