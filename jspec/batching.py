@@ -8,11 +8,13 @@ bucket; per-row lengths, budgets, temperatures and keys are arrays.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -26,12 +28,14 @@ from jspec.sharding import padded_rows, replicate, shard_rows
 
 __all__ = [
     "Batch",
+    "CompiledLoops",
     "LoopConfig",
     "batch_inputs",
     "bucket",
     "cache_slots",
     "compile_once",
     "listening",
+    "max_compiled",
     "pad_prompts",
     "streamed",
     "validate_prompts",
@@ -133,7 +137,25 @@ def pad_prompts(prompts, prompt_len: int) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(padded), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
-def compile_once(cache: dict, key, jitted, args) -> tuple[object, float]:
+class CompiledLoops(dict):
+    """A decoder's compiled loops by static config. All decoders' loops together are capped
+    (:func:`max_compiled`): a long-lived process serving many shapes keeps the most recently used."""
+
+
+_RECENT: collections.OrderedDict = collections.OrderedDict()  # (id(cache), key) -> weakref to its cache
+
+
+def max_compiled() -> int:
+    """How many compiled loops a process keeps alive (``JSPEC_MAX_COMPILED``, default 16). On CPU each
+    compiled SmolLM2 loop maps ~2,000 memory regions and Linux allows a process 65,530; past the cap
+    the least recently used loop is dropped (and compiled again if its shape returns)."""
+    value = os.environ.get("JSPEC_MAX_COMPILED", "16")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"JSPEC_MAX_COMPILED must be a whole number >= 1; got {value!r}.")
+    return int(value)
+
+
+def compile_once(cache: CompiledLoops, key, jitted, args) -> tuple[object, float]:
     """The compiled executable for ``key`` (compiling ahead of time on first use) and the seconds it took.
 
     Compiling before the run keeps compilation out of the timed loop.
@@ -141,6 +163,19 @@ def compile_once(cache: dict, key, jitted, args) -> tuple[object, float]:
     t0 = time.perf_counter()
     if key not in cache:
         cache[key] = jitted.lower(*args).compile()
+    ident = (id(cache), key)
+    _RECENT[ident] = (weakref.ref(cache), jitted)
+    _RECENT.move_to_end(ident)
+    for old, (ref, _) in list(_RECENT.items()):  # forget entries whose decoder is gone or was cleared
+        if ref() is None or old[1] not in ref():
+            del _RECENT[old]
+    dropped = set()
+    while len(_RECENT) > max_compiled():
+        (_, old_key), (ref, fn) = _RECENT.popitem(last=False)
+        ref().pop(old_key, None)
+        dropped.add(fn)
+    for fn in dropped:  # the jitted function's own cache holds the executable too; the kept ones stay usable
+        fn.clear_cache()
     return cache[key], time.perf_counter() - t0
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.batching import LoopConfig, batch_inputs, compile_once, listening, streamed
+from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, sample_logits
 from jspec.sharding import check_mesh, replicate
@@ -153,7 +153,7 @@ class Decoder:
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.max_position = max_position or getattr(getattr(model, "config", None), "max_position", None)
         self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-        self._compiled: dict = {}
+        self._compiled = CompiledLoops()
 
     def generate(
         self,

@@ -25,7 +25,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.batching import LoopConfig, batch_inputs, compile_once, listening, streamed
+from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
 from jspec.decode import prefill
 from jspec.drafters.base import (
     ChainProposal,
@@ -335,7 +335,7 @@ class SpeculativeDecoder:
         self.eos_ids = tuple(int(e) for e in eos_ids)
         config = target.config
         self.max_position, self.vocab_size = config.max_position, config.vocab_size
-        self._compiled: dict = {}
+        self._compiled = CompiledLoops()
 
     def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
             on_tokens=None):  # fmt: skip

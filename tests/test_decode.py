@@ -72,6 +72,29 @@ def test_one_compilation_per_bucket(model):
     assert bucket(1) == 16 and bucket(17) == 32
 
 
+def test_a_process_keeps_at_most_max_compiled_loops_dropping_the_least_recently_used(model, monkeypatch):
+    """A long-lived process serving many shapes must not grow without bound (each compiled SmolLM2 loop maps
+    ~2,000 memory regions on CPU); a dropped shape compiles again and decodes the same."""
+    monkeypatch.setenv("JSPEC_MAX_COMPILED", "2")
+    a, b = Decoder(model), Decoder(model)
+    first = a.generate([[5, 6, 7]], 5).tokens
+    b.generate([[5, 6, 7]], 5)
+    a.generate([[5, 6, 7]], 5)  # a's loop is now the most recently used
+    b.generate([[5] * 20], 5)  # a third loop: b's first one, the least recently used, is dropped
+    assert len(a._compiled) == 1 and len(b._compiled) == 1 and ((1, _a_loop(a)),) == tuple(a._compiled)
+    again = b.generate([[5, 6, 7]], 5)
+    assert again.compile_seconds > 0.05 and again.tokens == first  # compiled anew; a's loop dropped in turn
+    assert len(a._compiled) + len(b._compiled) == 2 and not a._compiled
+    monkeypatch.setenv("JSPEC_MAX_COMPILED", "0")
+    with pytest.raises(ValueError, match="JSPEC_MAX_COMPILED"):
+        a.generate([[5, 6, 7]], 5)
+
+
+def _a_loop(decoder):
+    ((_, loop),) = decoder._compiled
+    return loop
+
+
 def test_the_cache_holds_each_prompt_and_budget_and_no_more(model):
     """Prompt and budget buckets of 32 + 64 slots; 20 + 40 tokens need 64 (one bucket)."""
     rng = np.random.default_rng(2)

@@ -47,6 +47,17 @@ def test_adaptive_fallback_tiny(tmp_path, smollm2):
     assert (tmp_path / "adaptive_fallback.png").stat().st_size > 5_000
 
 
+def test_soak_small(tmp_path):
+    """The soak, shortened (30 requests, 1-2 rows, three methods on a tiny model): every check passes, each
+    shape class compiles its loop once, every sampled request replayed, every greedy one checked."""
+    report = _load("soak").main(["--tiny", "--requests", "30", "--warmup", "10", "--rows", "1-2",
+                                 "--methods", "ar,ngram,lookahead", "--out", str(tmp_path)])  # fmt: skip
+    assert report["failures"] == []
+    assert report["loop_compilations"] == report["shape_classes"] <= 6 and not report["loops_dropped"]
+    assert report["replays"] + report["greedy_checked"] == 30
+    assert all(abs(g) <= 0.05 for g in report["growth_after_warmup"].values())
+
+
 def test_tree_toy_small(tmp_path):
     result = _load("tree_toy").main(["--vocab", "8", "--trials", "3000", "--mix", "0.6", "--out", str(tmp_path)])
     row = result["rows"][0]

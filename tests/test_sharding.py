@@ -47,15 +47,19 @@ drafters = {
     "eagle_tree": lambda: EagleDrafter.from_head(head, target, tree=DynamicTreeSpec(top_k=3, depth=3, total=8)),
 }
 out = {}
+# Decoders made once: the temperature is an array, so each compiles one loop for both temperatures.
+plain = {n: Decoder(target, mesh=mesh if n == 2 else None) for n in (1, 2)}
+engines = {(name, n): SpeculativeDecoder(target, make(), mesh=mesh if n == 2 else None)
+           for name, make in drafters.items() for n in (1, 2)}
+filler_engine = SpeculativeDecoder(target, drafters["draft"]())
 for temperature in (0.0, 1.0):
     sampling = SamplingParams.create(temperature=temperature)
-    for name, device_count in (("plain", 1), ("plain", 2)):
-        dec = Decoder(target, mesh=mesh if device_count == 2 else None)
+    for device_count in (1, 2):
+        dec = plain[device_count]
         out[f"plain/{temperature}/{device_count}"] = {"tokens": dec.generate(prompts, 20, sampling, seed=5).tokens}
     for name, make in drafters.items():
         for device_count in (1, 2):
-            drafter = make()
-            engine = SpeculativeDecoder(target, drafter, mesh=mesh if device_count == 2 else None)
+            engine = engines[(name, device_count)]
             r = engine.generate(prompts, 20, sampling, seed=5)
             ((rows, _),) = engine._compiled
             shards = len({d for x in jax.tree.leaves(engine.tweights) for d in x.devices()})
@@ -64,8 +68,7 @@ for temperature in (0.0, 1.0):
                 "live_row_steps": r.live_row_steps, "rows": rows, "weight_devices": shards,
             }
     # Sensitivity: the filler row counted as a real one changes the statistics compared above.
-    drafter = drafters["draft"]()
-    r = SpeculativeDecoder(target, drafter).generate(prompts + [prompts[0]], 20, sampling, seed=5)
+    r = filler_engine.generate(prompts + [prompts[0]], 20, sampling, seed=5)
     out[f"draft_with_filler_counted/{temperature}"] = {"accept_hist": r.accept_hist, "live_row_steps": r.live_row_steps}
 print(json.dumps(out))
 """
