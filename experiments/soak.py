@@ -14,12 +14,13 @@ Checks:
 
 - every greedy output equals plain decoding's output for the same batch;
 - every sampled request is served again later in the stream with the same seed and gives the same tokens;
-- compilations: the loops compiled (a request whose loop was not live) and every XLA compilation (JAX's
-  monitoring events) are counted; a request never compiles its loop when a request of the same shape
-  class (method, rows, prompt bucket, budget bucket, cache slots) was served before, until the cap on
-  live loops (``JSPEC_MAX_COMPILED``) first drops one;
+- compilations: the loops compiled in the warm-up and in the stream (a request whose loop was not live)
+  and every XLA compilation (JAX's monitoring events) are counted; a request never compiles its loop
+  when a request of the same shape class (method, rows, prompt bucket, budget bucket, cache slots) was
+  served before, until the cap on live loops (``JSPEC_MAX_COMPILED``) first drops one;
 - resident memory and the process's memory mappings grow by at most 5% from the end of the warm-up
-  to the end;
+  (one request per method and batch size, as a server warms its shapes, then ``--warmup`` requests of
+  the stream) to the end;
 - every request answered exactly once, each row with at most its budget of tokens.
 
 Writes ``soak.json`` (the figures, the per-request trace) to --out; exits 1 when a check fails.
@@ -172,6 +173,17 @@ def main(argv: list[str] | None = None) -> dict:
     pool = [p for p in pool if len(p) >= args.prompt_lengths[1]]
     requests = make_requests(args.requests, args.seed, pool, sorted(decoders), args.rows, args.prompt_lengths,
                              args.budgets)  # fmt: skip
+    # Warm-up, as a server does before it takes traffic: one request per method and batch size compiles
+    # every shape class the stream can bring (the default lengths keep to one bucket each).
+    warm = make_requests(len(decoders) * (args.rows[1] - args.rows[0] + 1), args.seed + 7, pool, ["ar"],
+                         args.rows, args.prompt_lengths, args.budgets)  # fmt: skip
+    t_warm, warm_compiles = time.perf_counter(), 0
+    for i, (method, rows) in enumerate((m, b) for m in sorted(decoders) for b in range(args.rows[0], args.rows[1] + 1)):
+        prompts = (warm[i]["prompts"] * rows)[:rows]
+        warm_compiles += (
+            decoders[method].generate(prompts, warm[i]["max_new"], SamplingParams.greedy()).compile_seconds > 0.05
+        )
+    warm_seconds = time.perf_counter() - t_warm
     by_id = {r["id"]: r for r in requests}
     answers, replays, failures, trace = {}, {}, [], []
     seen_classes, t0, loop_compiles, dropped_any = set(), time.perf_counter(), 0, False
@@ -233,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
         "greedy_checked": len(plain_refs),
         "methods": sorted(decoders),
         "max_compiled": max_compiled(),
+        "warmup_compilations": warm_compiles,
         "loop_compilations": loop_compiles,
         "xla_compilations": counter.count,
         "loops_dropped": dropped_any,
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
         "after_warmup": {k: first[k] for k in ("rss_mib", "maps")},
         "end": {k: last[k] for k in ("rss_mib", "maps")},
         "growth_after_warmup": growth,
+        "warmup_seconds": round(warm_seconds, 1),
         "seconds": round(time.perf_counter() - t0, 1),
         "failures": failures,
         "trace": trace,

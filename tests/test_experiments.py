@@ -53,7 +53,8 @@ def test_soak_small(tmp_path):
     report = _load("soak").main(["--tiny", "--requests", "30", "--warmup", "10", "--rows", "1-2",
                                  "--methods", "ar,ngram,lookahead", "--out", str(tmp_path)])  # fmt: skip
     assert report["failures"] == []
-    assert report["loop_compilations"] == report["shape_classes"] <= 6 and not report["loops_dropped"]
+    assert report["warmup_compilations"] == 6  # three methods x two batch sizes, each compiled once
+    assert report["loop_compilations"] == 0 and report["shape_classes"] <= 6 and not report["loops_dropped"]
     assert report["replays"] + report["greedy_checked"] == 30
     assert all(abs(g) <= 0.05 for g in report["growth_after_warmup"].values())
 
@@ -182,3 +183,15 @@ def test_spec_bench_table_tiny(tmp_path, smollm2):
     assert "predicted" in report["table"]["T=0|qa|lookahead"]
     assert (tmp_path / "spec_bench_table.png").stat().st_size > 5_000
     assert "| lookahead |" in (tmp_path / "spec_bench_table.md").read_text()
+
+
+@pytest.mark.slow  # ~35 s of compiling on CPU-2; the accelerator run is what it is for
+def test_device_check_small(tmp_path):
+    """The accelerator check runs end to end on CPU at tiny shapes and reports every figure it promises."""
+    report = _load("device_check").main(["--small", "--out", str(tmp_path)])
+    tiny = report["shapes"]["tiny"]
+    assert report["backend"] == "cpu" and tiny["skipped"] == [] and tiny["dtype"] == "float32"
+    assert {"plain", "speculative"} <= set(tiny["compile_s"]) and tiny["plain_tokens_per_s"] > 0
+    assert tiny["r"][1] == 1.0 and set(tiny["r"]) == {1, 2, 4} and set(tiny["batch_tokens_per_s"]) == {1, 2}
+    assert tiny["loop_overhead"] > 0 and tiny["speculative_verify_steps"] <= 2
+    assert json.loads((tmp_path / "device_check.json").read_text())["shapes"]["tiny"]["weight_bytes"] > 0
