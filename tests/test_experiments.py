@@ -195,3 +195,12 @@ def test_device_check_small(tmp_path):
     assert tiny["r"][1] == 1.0 and set(tiny["r"]) == {1, 2, 4} and set(tiny["batch_tokens_per_s"]) == {1, 2}
     assert tiny["loop_overhead"] > 0 and tiny["speculative_verify_steps"] <= 2
     assert json.loads((tmp_path / "device_check.json").read_text())["shapes"]["tiny"]["weight_bytes"] > 0
+
+
+@pytest.mark.slow  # SmolLM2 at batches 1 and 2, about 2 minutes here
+def test_batch_throughput_tiny(tmp_path):
+    report = _load("batch_throughput").main(["--tiny", "--out", str(tmp_path)])
+    cells = {(c["batch"], c["method"]): c for c in report["cells"]}
+    assert set(cells) == {(1, "ar"), (1, "ngram"), (2, "ar"), (2, "ngram")}
+    assert all(c["tokens_per_s"] > 0 for c in cells.values()) and cells[(2, "ngram")]["predicted"] > 0
+    assert "ngram|T=0" in report["crossover"] and (tmp_path / "batch_throughput.png").stat().st_size > 5_000

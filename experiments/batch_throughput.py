@@ -1,0 +1,131 @@
+"""Throughput against batch size: plain decoding and each method at batch 1, 2, 4, ..., 64, with the cost
+model's prediction, and the batch where speculation stops paying on this machine.
+
+    python experiments/batch_throughput.py [--model smollm2-135m] [--methods ngram,lookahead,eagle3]
+        [--batches 1,2,4,8,16,32,64] [--temperature 0,1] [--prompts mt-bench] [--max-new-tokens 48]
+        [--out experiments/out] [--tiny]
+
+At each batch size B the same B prompts (MT-bench, repeated to fill the batch) run through every decoder,
+taking turns (:func:`jspec.bench.run_interleaved`). The prediction for a method at batch B uses what was
+measured at that batch: r_B(w), a w-token forward over a one-token one for B rows, and c_B, the drafter's
+propose and commit over a plain step for B rows, with the run's own counts of verify and plain steps:
+``tokens / (verify (r_B + c_B) + plain)`` of plain decoding's speed. As B grows a step stops being bound by
+reading the weights and r_B(w) climbs toward w: speculation's gain shrinks (the EAGLE-3 paper's batch-64
+question) and, past some B, it loses.
+
+Writes ``batch_throughput.json`` and ``batch_throughput.png`` to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+
+def ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"expected whole numbers separated by commas; got {text!r}.") from None
+    if any(v < 1 for v in values):
+        raise SystemExit(f"batch sizes must be >= 1; got {text!r}.")
+    return values
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--methods", default="ngram,lookahead,eagle3")
+    parser.add_argument("--batches", type=ints, default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--temperature", default="0,1")
+    parser.add_argument("--prompts", default="mt-bench")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
+    parser.add_argument("--tiny", action="store_true", help="batches 1 and 2, 8 tokens, prompt lookup (tests)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.batches, args.max_new_tokens, args.methods, args.temperature = [1, 2], 8, "ngram", "0"
+
+    import jspec
+    from jspec.batching import enable_compilation_cache
+    from jspec.bench import forget_compiled, run_interleaved
+    from jspec.models.hub import load_model
+    from jspec.prompts import load_prompts
+    from jspec.sampling import SamplingParams
+    from jspec.tune.costs import drafter_cost, forward_cost
+
+    enable_compilation_cache()
+    model, tok = load_model(args.model)
+    eos = tok.eos_token_ids
+    drafters = {name: jspec.make_drafter(name, model, model_name=args.model) for name in args.methods.split(",")}
+    widths = {name: (d.num_nodes or d.num_draft + 1) + d.num_lookahead for name, d in drafters.items()}
+    texts = [p.text for p in load_prompts(args.prompts, None, max(args.batches))]
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    repeats = 2 if args.tiny else 5
+    cells = []
+    for b in args.batches:
+        rows = (ids * b)[:b]
+        forward_ms = forward_cost(model, widths=[1, *widths.values()], repeats=repeats, batch=b)
+        costs = {name: drafter_cost(model, d, repeats=repeats, batch=b) for name, d in drafters.items()}
+        decoders = {"ar": jspec.Decoder(model, eos_ids=eos)}
+        decoders |= {name: jspec.SpeculativeDecoder(model, d, eos_ids=eos) for name, d in drafters.items()}
+        for t in (float(x) for x in args.temperature.split(",")):
+            runs = run_interleaved(decoders, rows, args.max_new_tokens, SamplingParams.create(t), batch=b)
+            base = runs["ar"]["tokens_per_s"]
+            for name, entry in runs.items():
+                cell = {"batch": b, "temperature": t, "method": name, "tokens_per_s": entry["tokens_per_s"],
+                        "speedup": entry["tokens_per_s"] / base, "tau": entry["tau"]}  # fmt: skip
+                if name != "ar":
+                    r = forward_ms[widths[name]] / forward_ms[1]
+                    c = (costs[name]["propose_ms"] + costs[name]["commit_ms"]) / forward_ms[1]
+                    steps = entry["verify_steps"] * (r + c) + entry["plain_steps"]
+                    per_row = entry["new_tokens"] / b  # tokens each row made; steps count the batch's loop
+                    cell |= {"r": r, "c": c, "predicted": per_row / steps if steps else None}
+                cells.append(cell)
+                pred = f" (predicted {cell['predicted']:.2f}x)" if cell.get("predicted") else ""
+                print(f"B {b:>3} T {t:g} {name:<10} {cell['tokens_per_s']:8.1f} tokens/s {cell['speedup']:.2f}x{pred}",
+                      file=sys.stderr)  # fmt: skip
+        forget_compiled(decoders.values())
+    crossover = {}
+    for t in {c["temperature"] for c in cells}:
+        for name in drafters:
+            mine = sorted((c for c in cells if c["method"] == name and c["temperature"] == t), key=lambda c: c["batch"])
+            losing = [c["batch"] for c in mine if c["speedup"] < 1.0]
+            crossover[f"{name}|T={t:g}"] = min(losing) if losing else None
+    report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "cells": cells, "crossover": crossover}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "batch_throughput.json").write_text(json.dumps(report, indent=1))
+    plot(report, args.out / "batch_throughput.png")
+    print(json.dumps({"crossover": crossover}, indent=1))
+    return report
+
+
+def plot(report: dict, path: pathlib.Path) -> None:
+    from jspec.cli_common import figure
+
+    temps = sorted({c["temperature"] for c in report["cells"]})
+    fig = figure(figsize=(5 * len(temps), 3.5))
+    axes = fig.subplots(1, len(temps), squeeze=False)[0]
+    for ax, t in zip(axes, temps, strict=True):
+        for name in sorted({c["method"] for c in report["cells"]}):
+            mine = sorted((c for c in report["cells"] if c["method"] == name and c["temperature"] == t),
+                          key=lambda c: c["batch"])  # fmt: skip
+            line = ax.plot([c["batch"] for c in mine], [c["tokens_per_s"] for c in mine], marker="o", label=name)
+            pred = [(c["batch"], c["predicted"] * next(a["tokens_per_s"] for a in report["cells"]
+                     if a["method"] == "ar" and a["batch"] == c["batch"] and a["temperature"] == t))
+                    for c in mine if c.get("predicted")]  # fmt: skip
+            if pred:
+                ax.plot(*zip(*pred, strict=True), linestyle=":", color=line[0].get_color())
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens/s (dotted: predicted)")
+        ax.set_title(f"{report['model']}, T = {t:g}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
