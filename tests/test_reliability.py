@@ -255,20 +255,26 @@ def test_a_truncated_gguf_is_refused_naming_the_file_and_nothing_is_converted(tm
     assert str(path) in str(err.value) and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("damage", ["truncated array", "bad metadata"])
-def test_a_damaged_checkpoint_is_refused_naming_it_and_the_step_to_resume_from(tmp_path, damage):
+def test_a_damaged_checkpoint_is_refused_naming_it_and_the_step_to_resume_from(tmp_path):
+    """A truncated array file and unreadable metadata (one training run, two copies of its checkpoints)."""
+    import shutil
+
     from test_eagle import _data, _head, _trainer, tiny_model
 
     target = tiny_model("qwen2", seed=0, num_layers=4)
-    _trainer(target, _head(target), tmp_path, total_steps=6, num_steps=2, checkpoint_every=3).fit(_data(target, n=12))
-    if damage == "truncated array":
-        big = max((f for f in (tmp_path / "6").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-        big.write_bytes(big.read_bytes()[: big.stat().st_size // 2])
-    else:
-        (tmp_path / "6" / "default" / "_METADATA").write_text("{not json")
-    resumed = _trainer(target, _head(target), tmp_path, total_steps=6, num_steps=2, checkpoint_every=3)
-    with pytest.raises(ValueError, match=f"{tmp_path / '6'} cannot be restored.*resume from step 3"):
-        resumed.restore()
+    made = tmp_path / "made"
+    _trainer(target, _head(target), made, total_steps=6, num_steps=2, checkpoint_every=3).fit(_data(target, n=12))
+    for damage in ("truncated array", "bad metadata"):
+        folder = tmp_path / damage.replace(" ", "_")
+        shutil.copytree(made, folder)
+        if damage == "truncated array":
+            big = max((f for f in (folder / "6").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+            big.write_bytes(big.read_bytes()[: big.stat().st_size // 2])
+        else:
+            (folder / "6" / "default" / "_METADATA").write_text("{not json")
+        resumed = _trainer(target, _head(target), folder, total_steps=6, num_steps=2, checkpoint_every=3)
+        with pytest.raises(ValueError, match=f"{folder / '6'} cannot be restored.*resume from step 3"):
+            resumed.restore()
 
 
 @pytest.mark.parametrize("mode", ["text", "json"])
