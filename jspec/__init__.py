@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
     """(model, tokenizer) for a registry name (fetched, SHA-256 verified, converted once) or a
     Hugging Face folder (Llama 2/3.x, Qwen2, Qwen3, Gemma 3); ``dtype`` "float32" or "bfloat16"
-    (default: float32 on CPU, the folder's own elsewhere); see :func:`jspec.models.hub.load_model`."""
+    (default: float32 on CPU, bfloat16 on an accelerator); see :func:`jspec.models.hub.load_model`."""
     from jspec.models.hub import load_model as _load
 
     return _load(name_or_path, layer_loop=layer_loop, dtype=dtype)

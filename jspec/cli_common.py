@@ -48,7 +48,7 @@ class Parser(argparse.ArgumentParser):
 def add_model_options(p: argparse.ArgumentParser, default: str = "smollm2-135m") -> None:
     p.add_argument("--model", default=default, help="registry name, or the path of a Hugging Face model folder")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                   help="weights' dtype (default: float32 on CPU, the folder's own elsewhere)")  # fmt: skip
+                   help="weights' dtype (default: float32 on CPU, bfloat16 on an accelerator)")  # fmt: skip
 
 
 class _StreamPrinter:

@@ -174,7 +174,7 @@ def fetch(name: str) -> pathlib.Path:
 def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
     """(Transformer, TextTokenizer) for a registry name or a Hugging Face folder path.
 
-    ``dtype``: "float32", "bfloat16" or None (float32 on CPU, the folder's own dtype elsewhere).
+    ``dtype``: "float32", "bfloat16" or None (float32 on CPU, bfloat16 on an accelerator).
     """
     path = pathlib.Path(name_or_path)
     if path.is_dir():

@@ -216,13 +216,13 @@ def _check_manifest(folder: pathlib.Path) -> None:
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def resolve_dtype(dtype, stored: str | None = None):
+def resolve_dtype(dtype):
     """The dtype to hold weights in: ``dtype`` ("float32", "bfloat16" or a jnp dtype) or, when None,
-    float32 on CPU (bfloat16 is several times slower there) and the folder's own dtype elsewhere."""
+    float32 on CPU (bfloat16 is several times slower there) and bfloat16 on an accelerator, whatever the
+    folder stores (a float32 folder, such as a dequantized GGUF, would take twice the memory and bandwidth
+    there; pass "float32" to keep it)."""
     if dtype is None:
-        if jax.default_backend() == "cpu" or stored not in DTYPES:
-            return jnp.float32
-        return DTYPES[stored]
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; jspec holds weights in {' or '.join(DTYPES)}.")
@@ -246,7 +246,7 @@ def load_folder(
         raise ValueError(f"{folder} has no config.json; pass a Hugging Face model folder.")
     _check_manifest(folder)
     raw = json.loads((folder / "config.json").read_text())
-    dtype = resolve_dtype(dtype, raw.get("dtype") or raw.get("torch_dtype"))
+    dtype = resolve_dtype(dtype)
     config = ModelConfig.from_hf(raw)
     tokenizer = TextTokenizer.load(folder, config.eos_token_ids)
     if config.eos_token_ids == () and tokenizer.eos_token_ids:

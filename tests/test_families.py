@@ -296,6 +296,19 @@ def test_bfloat16_folder_and_dtype_choice(tmp_path):
         load_folder(tmp_path, dtype="float16")
 
 
+def test_default_dtype_is_float32_on_cpu_and_bfloat16_on_an_accelerator(monkeypatch):
+    """A float32 folder (a dequantized GGUF) on a GPU or TPU is held in bfloat16 unless float32 is asked for."""
+    import jax
+    import jax.numpy as jnp
+
+    import jspec.models.loading as loading
+
+    assert loading.resolve_dtype(None) == jnp.float32  # this machine: CPU
+    monkeypatch.setattr(loading.jax, "default_backend", lambda: "gpu")
+    assert jax.default_backend() == "gpu" and loading.resolve_dtype(None) == jnp.bfloat16
+    assert loading.resolve_dtype("float32") == jnp.float32
+
+
 def test_weights_the_config_would_leave_out_are_refused(tmp_path):
     """Biases in the weights of a config without attention_bias: refused, not silently dropped."""
     from safetensors.numpy import load_file, save_file
