@@ -35,6 +35,7 @@ __all__ = [
     "cache_slots",
     "compile_once",
     "listening",
+    "loops_compiled",
     "max_compiled",
     "pad_prompts",
     "streamed",
@@ -142,7 +143,8 @@ class CompiledLoops(dict):
     (:func:`max_compiled`): a long-lived process serving many shapes keeps the most recently used."""
 
 
-_RECENT: collections.OrderedDict = collections.OrderedDict()  # (id(cache), key) -> weakref to its cache
+_RECENT: collections.OrderedDict = collections.OrderedDict()  # (id(cache), hash(key)) -> (its cache, key, fn)
+_COMPILED = [0]
 
 
 def max_compiled() -> int:
@@ -163,20 +165,25 @@ def compile_once(cache: CompiledLoops, key, jitted, args) -> tuple[object, float
     t0 = time.perf_counter()
     if key not in cache:
         cache[key] = jitted.lower(*args).compile()
-    ident = (id(cache), key)
-    _RECENT[ident] = (weakref.ref(cache), jitted)
+        _COMPILED[0] += 1
+    # Hashing a loop's key walks the model's graph (~1 ms for SmolLM2): once here, never per entry.
+    ident = (id(cache), hash(key))
+    _RECENT[ident] = (weakref.ref(cache), key, jitted)
     _RECENT.move_to_end(ident)
-    for old, (ref, _) in list(_RECENT.items()):  # forget entries whose decoder is gone or was cleared
-        if ref() is None or old[1] not in ref():
-            del _RECENT[old]
     dropped = set()
-    while len(_RECENT) > max_compiled():
-        (_, old_key), (ref, fn) = _RECENT.popitem(last=False)
-        ref().pop(old_key, None)
-        dropped.add(fn)
+    while len(_RECENT) > max_compiled():  # entries of decoders gone or cleared since are dropped first
+        _, (ref, old_key, fn) = _RECENT.popitem(last=False)
+        owner = ref()
+        if owner is not None and owner.pop(old_key, None) is not None:
+            dropped.add(fn)
     for fn in dropped:  # the jitted function's own cache holds the executable too; the kept ones stay usable
         fn.clear_cache()
     return cache[key], time.perf_counter() - t0
+
+
+def loops_compiled() -> int:
+    """How many loops this process has compiled (every decoder, every miss of :func:`compile_once`)."""
+    return _COMPILED[0]
 
 
 def _host_lists(prompts):
