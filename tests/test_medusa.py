@@ -244,8 +244,11 @@ def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, 
     argv = ["train", "medusa", "--tiny", "--out", str(out), "--eval-prompts", "0", "--json"]
     assert main([*argv, "--stop-after", "6"]) == 0
     assert not (out / "medusa.json").exists()  # not finished: nothing saved yet
+    capsys.readouterr()
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["report"]
+    resumed = capsys.readouterr()
+    report = json.loads(resumed.out.strip().splitlines()[-1])["report"]
+    assert f"resuming training at step 6 of 12 from {out / 'checkpoints'} (data: {out / 'data'}" in resumed.err
     assert report["resumed_from"] == 6 and report["steps"] == 12 and len(report["final"]["acc"]) == 3
     assert np.asarray(report["rank_rates"]).shape == (3, 8) and report["held_out_examples"] >= 1
     prompt = ["generate", "--prompt", "Write a haiku about the sea.", "--chat", "--max-new-tokens", "24", "--json"]

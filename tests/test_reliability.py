@@ -242,6 +242,21 @@ def test_a_wheel_that_escapes_its_folder_lacks_its_member_or_is_no_zip_is_refuse
     assert not (tmp_path.parent / "escape.txt").exists()  # nothing is ever extracted
 
 
+def test_a_truncated_data_shard_is_refused_naming_it(tmp_path):
+    import numpy as np
+
+    from jspec.training.data import load_shards, write_shards
+
+    data = {"tokens": np.zeros((3, 8), np.int32), "mask": np.ones((3, 8), bool),
+            "features": np.zeros((3, 8, 2, 4), np.float16), "top": np.zeros((3, 8, 4), np.float16),
+            "counts": np.ones(16, np.int64)}  # fmt: skip
+    write_shards(data, tmp_path, {"model": "tiny"}, shard_size=2)
+    shard = tmp_path / "shard_00001.npz"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"shard_00001\.npz is corrupt or missing"):
+        load_shards(tmp_path)
+
+
 def test_a_truncated_gguf_is_refused_naming_the_file_and_nothing_is_converted(tmp_path):
     from tiny_gguf import write_gguf
 
