@@ -31,6 +31,7 @@ import pathlib
 import re
 import sys
 import sysconfig
+import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -271,7 +272,7 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
             try:
                 with np.load(kept) as z:
                     part = {k: z[k] for k in z.files}
-            except (OSError, ValueError) as err:
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
                 raise ValueError(f"{kept} is corrupt ({err}); delete it and run again (the batch is remade).") from err
         else:
             part = _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampling, seed + start,
@@ -336,7 +337,7 @@ def load_shards(folder: pathlib.Path) -> tuple[dict, dict]:
         try:
             with np.load(folder / name) as z:
                 parts.append({k: z[k] for k in ("tokens", "mask", "features", "top")})
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{folder / name} is corrupt or missing ({err}); prepare the data again.") from err
     data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     data["counts"] = np.load(folder / "counts.npy")
