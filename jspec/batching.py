@@ -101,6 +101,16 @@ def streamed(body: Callable, config: LoopConfig, view: Callable) -> Callable:
     return body_then_emit
 
 
+def check_listener(on_tokens: Callable | None, mesh: Mesh | None) -> None:
+    if on_tokens is None:
+        return
+    if not callable(on_tokens):
+        raise ValueError(f"on_tokens must be a function of (tokens, counts); got {type(on_tokens).__name__}.")
+    if mesh is not None and mesh.is_multi_process:
+        raise ValueError("on_tokens streams to one process; a mesh over several processes returns the tokens at "
+                         "the end: pass on_tokens=None.")  # fmt: skip
+
+
 @contextlib.contextmanager
 def listening(on_tokens: Callable | None):
     """Routes a streamed loop's callbacks to ``on_tokens(tokens, counts)`` (numpy arrays: every
@@ -108,8 +118,6 @@ def listening(on_tokens: Callable | None):
     if on_tokens is None:
         yield
         return
-    if not callable(on_tokens):
-        raise ValueError(f"on_tokens must be a function of (tokens, counts); got {type(on_tokens).__name__}.")
     with _LISTENING:
         _LISTENER[0] = on_tokens
         try:
@@ -157,14 +165,16 @@ def max_compiled() -> int:
     return int(value)
 
 
-def compile_once(cache: CompiledLoops, key, jitted, args) -> tuple[object, float]:
+def compile_once(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = None) -> tuple[object, float]:
     """The compiled executable for ``key`` (compiling ahead of time on first use) and the seconds it took.
 
-    Compiling before the run keeps compilation out of the timed loop.
+    Compiling before the run keeps compilation out of the timed loop; with a ``mesh`` it is
+    compiled for it (what :func:`jspec.sharding.constrain` reads).
     """
     t0 = time.perf_counter()
     if key not in cache:
-        cache[key] = jitted.lower(*args).compile()
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            cache[key] = jitted.lower(*args).compile()
         _COMPILED[0] += 1
     # Hashing a loop's key walks the model's graph (~1 ms for SmolLM2): once here, never per entry.
     ident = (id(cache), hash(key))
@@ -273,15 +283,18 @@ def batch_inputs(
     mesh: Mesh | None = None,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    on_tokens: Callable | None = None,
 ) -> Batch:
-    """A request made ready for a compiled loop, after :func:`validate_prompts` (both loops use it).
+    """A request made ready for a compiled loop, after :func:`validate_prompts` and a check of the
+    listener ``on_tokens`` (both loops use it).
 
-    With a ``mesh`` the rows are padded to a multiple of its devices with filler rows (the
+    With a ``mesh`` the rows are padded to a multiple of its data axis with filler rows (the
     first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
     over it (:mod:`jspec.sharding`), per-row sampling parameters with them; the key is
     replicated. ``sampling`` defaults to greedy.
     """
     validate_prompts(prompts, max_new_tokens, vocab_size, max_position)
+    check_listener(on_tokens, mesh)
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise ValueError(
             f"sampling must be a SamplingParams (SamplingParams.create(...)); got {type(sampling).__name__}."

@@ -7,8 +7,8 @@ import contextlib
 import sys
 
 __all__ = [
-    "DEFAULTS_SHOWN", "Parser", "add_model_options", "figure", "interrupt_hooks", "on_interrupt", "plot_bench",
-    "plot_speedup", "stream_printer",
+    "DEFAULTS_SHOWN", "Parser", "add_mesh_options", "add_model_options", "figure", "interrupt_hooks", "mesh_from_args",
+    "on_interrupt", "plot_bench", "plot_speedup", "stream_printer",
 ]  # fmt: skip
 
 interrupt_hooks: list = []  # run by ``jspec``'s main on Ctrl-C, newest first, before it exits with 130
@@ -49,6 +49,33 @@ def add_model_options(p: argparse.ArgumentParser, default: str = "smollm2-135m")
     p.add_argument("--model", default=default, help="registry name, or the path of a Hugging Face model folder")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                    help="weights' dtype (default: float32 on CPU, bfloat16 on an accelerator)")  # fmt: skip
+
+
+def add_mesh_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                   help="run over D x M devices: rows split over data, weights and KV heads over model "
+                        "(jax.sharding; default: one device)")  # fmt: skip
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="several processes (jax.distributed): process 0's address; with --num-processes and "
+                        "--process-id, the mesh spans every process's devices")  # fmt: skip
+    p.add_argument("--num-processes", type=int, default=None, help="with --coordinator: how many processes")
+    p.add_argument("--process-id", type=int, default=None, help="with --coordinator: this process, 0..N-1")
+
+
+def mesh_from_args(args):
+    """The mesh ``--mesh`` asks for (None without it), joining the other processes first when
+    ``--coordinator`` is given; bad values are refused before any model loads."""
+    from jspec.sharding import initialize, make_mesh, parse_mesh
+
+    distributed = (args.coordinator, args.num_processes, args.process_id)
+    if any(v is not None for v in distributed):
+        if None in distributed:
+            raise ValueError("several processes need all of --coordinator HOST:PORT, --num-processes N and "
+                             "--process-id I.")  # fmt: skip
+        if args.mesh is None:
+            raise ValueError("--coordinator runs one generation over every process's devices: give --mesh too.")
+        initialize(*distributed)
+    return None if args.mesh is None else make_mesh(**parse_mesh(args.mesh))
 
 
 class _StreamPrinter:

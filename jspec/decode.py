@@ -20,14 +20,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, sample_logits
-from jspec.sharding import check_mesh, replicate
+from jspec.sharding import check_mesh, place_model, to_host
 
 __all__ = ["Decoder", "PlainLoop", "decode_loop", "jit_forward", "prefill"]
 
@@ -144,12 +143,12 @@ class Decoder:
         max_position: int | None = None,
         mesh: Mesh | None = None,
     ):
-        """``mesh``: split every batch's rows over these devices, the weights replicated
-        (:mod:`jspec.sharding`); the default runs on JAX's default device."""
-        check_mesh(mesh)
+        """``mesh``: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split
+        over ``data``, weights and KV cache over ``model`` (:mod:`jspec.sharding`); the default
+        runs on JAX's default device."""
+        check_mesh(mesh, getattr(model, "config", None))
         self.mesh = mesh
-        self.graphdef, self.state = nnx.split(model)
-        self.state = replicate(mesh, self.state)
+        self.graphdef, self.state = place_model(mesh, model)
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.max_position = max_position or getattr(getattr(model, "config", None), "max_position", None)
         self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -173,14 +172,14 @@ class Decoder:
           on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
             tokens so far (streaming; a program of its own, :func:`jspec.batching.streamed`).
         """
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
+                             on_tokens)  # fmt: skip
         loop = PlainLoop(self.graphdef, batch.config(self.eos_ids, on_tokens is not None))
         args = (loop, self.state, *batch.arrays())
-        run, compile_s = compile_once(self._compiled, (batch.rows, loop), decode_loop, args)
+        run, compile_s = compile_once(self._compiled, (batch.rows, loop), decode_loop, args, self.mesh)
         t0 = time.perf_counter()
         with listening(on_tokens):
-            tokens, counts, calls = run(*args[1:])
-            tokens, counts = np.asarray(tokens), np.asarray(counts)
+            tokens, counts, calls = to_host(run(*args[1:]))
         seconds = time.perf_counter() - t0
         return GenerationResult(
             tokens=[tokens[i, : counts[i]].tolist() for i in range(len(prompts))],

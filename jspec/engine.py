@@ -39,7 +39,7 @@ from jspec.drafters.base import (
 )
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.sharding import check_mesh, replicate
+from jspec.sharding import check_mesh, place_model, replicate, to_host
 from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
 from jspec.verify import verify_chain_batch
 
@@ -303,7 +303,8 @@ class SpeculativeDecoder:
           it carries its own weights.
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
-        mesh: split every batch's rows over these devices, target and drafter weights
+        mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split over
+          ``data``, the target's weights and KV cache over ``model``, the drafter's weights
           replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
         adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
           needs ``costs``.
@@ -321,14 +322,13 @@ class SpeculativeDecoder:
             raise ValueError(f"costs must be a StepCosts; got {type(costs).__name__}.")
         if adaptive is not None and adaptive.widths:
             check_widths(drafter, adaptive.widths, costs)
+        check_mesh(mesh, getattr(target, "config", None))
         self.adaptive, self.costs = adaptive, replicate(mesh, costs)
         if isinstance(eos_ids, int | np.integer):
             eos_ids = (eos_ids,)
-        check_mesh(mesh)
         self.verifier = verifier
         self.mesh = mesh
-        self.tgraph, self.tweights = nnx.split(target)
-        self.tweights = replicate(mesh, self.tweights)
+        self.tgraph, self.tweights = place_model(mesh, target)
         self.drafter = drafter
         self._drafter_def, leaves = split_drafter(drafter)
         self._drafter_leaves = replicate(mesh, leaves)
@@ -341,11 +341,12 @@ class SpeculativeDecoder:
             on_tokens=None):  # fmt: skip
         """Runs the loop and returns (final :class:`LoopState`, compile seconds, run seconds); for
         tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed)
+        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
+                             on_tokens)  # fmt: skip
         config = batch.config(self.eos_ids, on_tokens is not None)
         loop = SpecLoop(self.tgraph, self._drafter_def, config, self.verifier, self.adaptive)
         args = (loop, self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
-        run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args)
+        run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args, self.mesh)
         t0 = time.perf_counter()
         with listening(on_tokens):
             final = jax.block_until_ready(run(*args[1:]))
@@ -357,7 +358,8 @@ class SpeculativeDecoder:
         ``on_tokens`` too)."""
         final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens)
         b = len(prompts)
-        out, counts = np.asarray(final.out), np.asarray(final.num_generated)
+        final = to_host(final)
+        out, counts = final.out, final.num_generated
         verify, plain = int(final.verify_steps), int(final.plain_steps)
         return GenerationResult(
             tokens=[out[i, : counts[i]].tolist() for i in range(b)],

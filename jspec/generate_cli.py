@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 import sys
 
-from jspec.cli_common import add_model_options, on_interrupt, plot_bench, stream_printer
+from jspec.cli_common import (
+    add_mesh_options,
+    add_model_options,
+    mesh_from_args,
+    on_interrupt,
+    plot_bench,
+    stream_printer,
+)
 
 __all__ = ["add_decode_commands"]
 
@@ -70,7 +77,7 @@ def _lookahead(args) -> dict:
     return {knob: getattr(args, flag) for flag, knob in names.items() if getattr(args, flag, None) is not None}
 
 
-def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
+def _decoder(method, args, model, tokenizer, draft_model=None, workload=None, mesh=None):
     """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model,
     an EAGLE head (``--head``, or the one shipped for ``--model``), or auto (``--config``, else the
     config tuned for ``workload`` or last for the model, else the cost profile)."""
@@ -78,12 +85,19 @@ def _decoder(method, args, model, tokenizer, draft_model=None, workload=None):
 
     if method == "auto":
         return make_decoder("auto", model, eos_ids=tokenizer.eos_token_ids, config=args.config, model_name=args.model,
-                            workload=workload, head=args.head, draft_model=draft_model or args.draft_model)  # fmt: skip
+                            workload=workload, head=args.head, draft_model=draft_model or args.draft_model,
+                            mesh=mesh)  # fmt: skip
     if method == "lookahead":
-        return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, lookahead=_lookahead(args))
-    return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, num_draft=args.num_draft, tree=_tree(args),
-                        head=args.head, draft_model=draft_model or args.draft_model, ngram_min=args.ngram_min,
-                        ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
+        return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, lookahead=_lookahead(args), mesh=mesh)
+    return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, mesh=mesh, num_draft=args.num_draft,
+                        tree=_tree(args), head=args.head, draft_model=draft_model or args.draft_model,
+                        ngram_min=args.ngram_min, ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
+
+
+def jax_process_index() -> int:
+    import jax
+
+    return jax.process_index()
 
 
 def _cmd_generate(args) -> int:
@@ -96,12 +110,15 @@ def _cmd_generate(args) -> int:
     _check_methods(args, [args.method])
     if args.stream and args.json:
         raise ValueError("--stream prints the text as it comes and --json one object at the end; drop one of them.")
+    mesh = mesh_from_args(args)
+    if mesh is not None and mesh.is_multi_process and args.stream:
+        raise ValueError("--stream prints from one process; a run over several processes prints at the end.")
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
-    decoder = _decoder(args.method, args, model, tokenizer)
+    decoder = _decoder(args.method, args, model, tokenizer, mesh=mesh)
     # Always listening (a host callback per loop step: ~3% per token for plain decoding on CPU-2), so that
     # a Ctrl-C still prints what was generated; --stream prints it as it comes.
     printer = stream_printer(tokenizer, show=args.stream)
@@ -112,8 +129,12 @@ def _cmd_generate(args) -> int:
         else:
             printer.interrupted()
 
+    listen = mesh is None or not mesh.is_multi_process
     with on_interrupt(interrupted):
-        result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed, on_tokens=printer)
+        result = decoder.generate([ids], args.max_new_tokens, sampling, seed=args.seed,
+                                  on_tokens=printer if listen else None)  # fmt: skip
+    if mesh is not None and jax_process_index() > 0:
+        return 0  # every process has the result; the first one prints it
     new = result.tokens[0]
     completion = tokenizer.decode(new)
     if args.json:
@@ -141,11 +162,12 @@ def _cmd_bench(args) -> int:
     _check_methods(args, methods)
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
+    mesh = mesh_from_args(args)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     draft_model = load_model(args.draft_model, dtype=args.dtype)[0] if "draft" in methods else None
     workload = args.prompts + (f":{args.category}" if args.category else "")
-    decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload) for method in methods}
+    decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload, mesh) for method in methods}
     results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed, progress=not args.json)
     for method, entry in results.items():
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
@@ -266,6 +288,7 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--stream", action="store_true", help="print the text as tokens are accepted")
+    add_mesh_options(p)
     add_json(p)
     p.set_defaults(fn=_cmd_generate)
 
@@ -292,5 +315,6 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     _add_tree(p, positive_int)
     _add_ngram(p, positive_int)
     _add_lookahead(p, positive_int)
+    add_mesh_options(p)
     add_json(p)
     p.set_defaults(fn=_cmd_bench)

@@ -27,13 +27,15 @@ __all__ = [
 ]  # fmt: skip
 
 LAYER_PARAMS = (
-    "attn_norm", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "post_attn_norm", "mlp_norm", "w_gate_up", "w_down",
-    "post_mlp_norm",
+    "attn_norm", "wqkv", "bqkv", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "post_attn_norm",
+    "mlp_norm", "w_gate_up", "w_gate", "w_up", "w_down", "post_mlp_norm",
 )  # fmt: skip
 # Matrices are stored [out, in] (the checkpoints' layout) and applied by :func:`linear`.
 # Fused weights and the checkpoint tensors they concatenate (along the output axis, 0):
 # one matmul instead of three (or two) halves the ops per layer, which is what
-# a batch-1 decode step on CPU spends its time on besides reading weights.
+# a batch-1 decode step on CPU spends its time on besides reading weights. A model
+# split over a mesh's ``model`` axis holds the parts instead (:meth:`Transformer.unfused`),
+# so that each device's slice of q, k, v, gate and up is whole heads and whole MLP columns.
 FUSED = {"wqkv": ("wq", "wk", "wv"), "bqkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
 
 
@@ -153,13 +155,16 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
         return rms_norm(v, p[name], c.rms_eps, offset)
 
     h = norm(x, "attn_norm") if attn_input is None else attn_input
-    qkv = linear(h, p["wqkv"])
-    if getattr(c, "qkv_bias", False):
-        qkv = qkv + _expand(p["bqkv"], 3)
-    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q = qkv[..., :qd].reshape(b, t, c.num_heads, c.head_dim)
-    k = qkv[..., qd : qd + kvd].reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = qkv[..., qd + kvd :].reshape(b, t, c.num_kv_heads, c.head_dim)
+    bias = getattr(c, "qkv_bias", False)
+    if "wqkv" in p:
+        qkv = linear(h, p["wqkv"]) + (_expand(p["bqkv"], 3) if bias else 0)
+        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = qkv[..., :qd], qkv[..., qd : qd + kvd], qkv[..., qd + kvd :]
+    else:  # the parts (a model split over heads)
+        q, k, v = (linear(h, p["w" + n]) + (_expand(p["b" + n], 3) if bias else 0) for n in "qkv")
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     if getattr(c, "qk_norm", False):
         q, k = norm(q, "q_norm"), norm(k, "k_norm")
     inv_freq = rope_inv_freq(c.rope_theta, c.head_dim) if inv_freq is None else inv_freq
@@ -170,16 +175,19 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
     post = getattr(c, "post_norms", False)
     x = x + (norm(out, "post_attn_norm") if post else out)
 
-    gate, up = jnp.split(linear(norm(x, "mlp_norm"), p["w_gate_up"]), 2, axis=-1)
+    h = norm(x, "mlp_norm")
+    gate, up = jnp.split(linear(h, p["w_gate_up"]), 2, axis=-1) if "w_gate_up" in p else (
+        linear(h, p["w_gate"]), linear(h, p["w_up"]))  # fmt: skip
     act = jax.nn.gelu(gate, approximate=True) if getattr(c, "activation", "silu") == "gelu_tanh" else jax.nn.silu(gate)
     out = linear(act * up, p["w_down"])
     return x + (norm(out, "post_mlp_norm") if post else out)
 
 
 class LayerWeights(nnx.Module):
-    """One layer's weights, or all layers' stacked along a leading L axis (``stack=L``)."""
+    """One layer's weights, or all layers' stacked along a leading L axis (``stack=L``); with
+    ``fused=False`` q, k, v and gate, up are separate matrices (see :data:`FUSED`)."""
 
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, stack: int | None = None):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, stack: int | None = None, fused: bool = True):
         c = config
         lead = () if stack is None else (stack,)
         init = nnx.initializers.normal(0.02)
@@ -193,13 +201,19 @@ class LayerWeights(nnx.Module):
             return nnx.Param(jnp.full((*lead, size), 1.0 - c.norm_offset, dtype))
 
         self.attn_norm = norm(H)
-        self.wqkv = param(qd + 2 * kvd, H)
-        self.bqkv = param(qd + 2 * kvd) if c.qkv_bias else None
+        outs = {"wq": qd, "wk": kvd, "wv": kvd}
+        self.wqkv = param(qd + 2 * kvd, H) if fused else None
+        self.bqkv = param(qd + 2 * kvd) if c.qkv_bias and fused else None
+        for name, out in outs.items():
+            setattr(self, name, None if fused else param(out, H))
+            setattr(self, "b" + name[1], param(out) if c.qkv_bias and not fused else None)
         self.q_norm, self.k_norm = (norm(D), norm(D)) if c.qk_norm else (None, None)
         self.wo = param(H, qd)
         self.post_attn_norm = norm(H) if c.post_norms else None
         self.mlp_norm = norm(H)
-        self.w_gate_up, self.w_down = param(2 * F, H), param(H, F)
+        self.w_gate_up = param(2 * F, H) if fused else None
+        self.w_gate, self.w_up = (None, None) if fused else (param(F, H), param(F, H))
+        self.w_down = param(H, F)
         self.post_mlp_norm = norm(H) if c.post_norms else None
 
     def arrays(self) -> dict:
@@ -214,24 +228,56 @@ class Transformer(nnx.Module):
     step); with ``"scan"`` the layers are stacked along a leading L axis.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, layer_loop: str | None = None):
+    def __init__(
+        self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, layer_loop: str | None = None, fused=True
+    ):
         c = config
-        self.config = c
+        self.config, self.fused = c, fused
         self.layer_loop = layer_loop or layer_loop_for_backend()
         if self.layer_loop not in ("unrolled", "scan"):
             raise ValueError(f"layer_loop must be 'unrolled' or 'scan'; got {self.layer_loop!r}.")
         init = nnx.initializers.normal(0.02)
         self.embed = nnx.Param(init(rngs.params(), (c.vocab_size, c.hidden_size), dtype))
         if self.layer_loop == "scan":
-            self.layers = LayerWeights(c, rngs, dtype, stack=c.num_layers)
+            self.layers = LayerWeights(c, rngs, dtype, stack=c.num_layers, fused=fused)
         else:
-            self.layers = nnx.List([LayerWeights(c, rngs, dtype) for _ in range(c.num_layers)])
+            self.layers = nnx.List([LayerWeights(c, rngs, dtype, fused=fused) for _ in range(c.num_layers)])
         self.final_norm = nnx.Param(jnp.full((c.hidden_size,), 1.0 - c.norm_offset, dtype))
         self.lm_head = (
             None if c.tie_embeddings else nnx.Param(init(rngs.params(), (c.vocab_size, c.hidden_size), dtype))
         )
 
     # ------------------------------------------------------------------ pieces
+
+    def unfused(self) -> Transformer:
+        """The same model with q, k, v and gate, up as separate matrices (itself when they are).
+
+        What a model split over heads holds: a device's slice of each part is then whole
+        heads (or MLP columns), where a slice of the fused matrix would straddle q, k and v.
+        The arrays are slices of this model's; the outputs are the same up to float rounding.
+        """
+        if not self.fused:
+            return self
+        c = self.config
+        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        cuts = {"wqkv": [qd, qd + kvd], "bqkv": [qd, qd + kvd], "w_gate_up": [c.intermediate_size]}
+        dtype = self.embed[...].dtype
+        abstract = nnx.eval_shape(
+            lambda: Transformer(c, rngs=nnx.Rngs(0), dtype=dtype, layer_loop=self.layer_loop, fused=False)
+        )
+        graphdef, state = nnx.split(abstract)
+        source = dict(nnx.to_flat_state(nnx.state(self)))
+        flat = dict(nnx.to_flat_state(state))
+        for path, var in flat.items():
+            whole = next((f for f, parts in FUSED.items() if path[-1] in parts), None)
+            if whole is None:
+                value = source[path][...]
+            else:
+                fused_value = source[(*path[:-1], whole)][...]
+                axis = fused_value.ndim - (1 if whole == "bqkv" else 2)  # the output axis
+                value = jnp.split(fused_value, cuts[whole], axis=axis)[FUSED[whole].index(path[-1])]
+            flat[path] = var.replace(value)
+        return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
     def layer_arrays(self, index: int) -> dict:
         """Layer ``index``'s weights by name (:data:`LAYER_PARAMS`), whichever layer loop holds them."""
