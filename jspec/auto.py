@@ -70,7 +70,7 @@ class AutoDecoder:
         elif config is None and model_name is not None:
             dtype = weights_dtype(target)
             for key in (workload, None):
-                path = tuned_path(model_name, dtype=dtype, workload=key)
+                path = tuned_path(model_name, dtype=dtype, workload=key, mesh=mesh)
                 if path.is_file():
                     config = load_tuned(path, model=model_name, vocab_size=vocab)
                     break
@@ -127,7 +127,7 @@ class AutoDecoder:
         )
 
         name = self.model_name or "model"
-        path = profile_path(name, rows, dtype=weights_dtype(self.target))
+        path = profile_path(name, rows, dtype=weights_dtype(self.target), mesh=self.mesh)
         wanted = {f"{f}:N={DEFAULT_NUM_DRAFT}" for f in families}
         cached = load_profile(path)
         if cached is not None and wanted <= set(cached.drafters) and max(cached.forward_ms) > DEFAULT_NUM_DRAFT:
@@ -141,7 +141,7 @@ class AutoDecoder:
         drafters = profile_drafters(self.target, name, num_drafts=(DEFAULT_NUM_DRAFT,), trees=(), head=self.head,
                                     draft_model=draft)  # fmt: skip
         drafters = {k: v for k, v in drafters.items() if k in wanted}
-        profile = measure_profile(self.target, name, drafters, batch=rows, max_k=DEFAULT_NUM_DRAFT + 1)
+        profile = measure_profile(self.target, name, drafters, batch=rows, max_k=DEFAULT_NUM_DRAFT + 1, mesh=self.mesh)
         if cached is None and self.model_name is not None:
             save_profile(profile, path)
         return profile

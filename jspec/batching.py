@@ -77,25 +77,30 @@ class LoopConfig:
         return (self.cache_len or self.prompt_len + self.max_new) + width
 
 
-_LISTENER: list = [None]  # the streaming call's on_tokens; one streamed call at a time
+_LISTENER: list = [None, None]  # the streaming call's on_tokens and the counts it saw last; one call at a time
 _LISTENING = threading.Lock()
 
 
 def _emit(tokens, counts) -> None:
-    listener = _LISTENER[0]
-    if listener is not None:
-        listener(np.asarray(tokens), np.asarray(counts))
+    listener, seen = _LISTENER
+    counts = np.asarray(counts)
+    if listener is not None and (seen is None or not np.any(counts < seen)):  # a late call of an earlier step: dropped
+        _LISTENER[1] = counts
+        listener(np.asarray(tokens), counts)
 
 
 def streamed(body: Callable, config: LoopConfig, view: Callable) -> Callable:
-    """A while-loop body that, when ``config.stream``, ends with an ordered host callback of
-    ``view(state)`` = (tokens int32[B, C], counts int32[B]); otherwise ``body`` itself."""
+    """A while-loop body that, when ``config.stream``, ends with a host callback of ``view(state)`` =
+    (tokens int32[B, C], counts int32[B]); otherwise ``body`` itself. The callbacks are ordered on
+    one device; over a mesh (where JAX orders none) one arriving after a later step's is dropped."""
     if not config.stream:
         return body
+    mesh = jax.sharding.get_abstract_mesh()
+    ordered = mesh.empty or mesh.size == 1
 
     def body_then_emit(state):
         state = body(state)
-        jax.debug.callback(_emit, *view(state), ordered=True)
+        jax.debug.callback(_emit, *view(state), ordered=ordered)
         return state
 
     return body_then_emit
@@ -119,12 +124,12 @@ def listening(on_tokens: Callable | None):
         yield
         return
     with _LISTENING:
-        _LISTENER[0] = on_tokens
+        _LISTENER[:] = [on_tokens, None]
         try:
             yield
             jax.effects_barrier()
         finally:
-            _LISTENER[0] = None
+            _LISTENER[:] = [None, None]
 
 
 def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_tokens: int) -> int:

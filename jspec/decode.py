@@ -114,8 +114,9 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
     return final.tokens, final.num_generated, final.step + 1
 
 
-def jit_forward(model: nnx.Module):
-    """The model split once and its forward jitted with the KV cache donated: ``(state, forward)``.
+def jit_forward(model: nnx.Module, mesh: Mesh | None = None):
+    """The model split once (placed on ``mesh``: :func:`jspec.sharding.place_model`; call it under
+    ``jax.set_mesh(mesh)``) and its forward jitted with the KV cache donated: ``(state, forward)``.
 
     ``forward(state, tokens, positions, cache)`` returns ``(logits, new_cache)``.
     The cache passed in is consumed (XLA writes the new one into its buffers),
@@ -123,7 +124,7 @@ def jit_forward(model: nnx.Module):
     (notebooks, cost measurements); the generation loops keep their caches
     inside one jitted loop, where XLA updates them in place anyway.
     """
-    graphdef, state = nnx.split(model)
+    graphdef, state = place_model(mesh, model)
 
     def forward(state, tokens, positions, cache):
         out = nnx.merge(graphdef, state)(tokens, positions, cache)

@@ -98,6 +98,20 @@ def main(drafters, meshes):
     r = SpeculativeDecoder(target, QUICK["eagle3_tree"]()).generate(prompts + prompts[:1], 16, seed=5)
     out["filler_counted"] = {"accept_hist": r.accept_hist, "live_row_steps": r.live_row_steps}
 
+    # The tuner's cost profile measured over a mesh, cached apart from one device's.
+    from jspec.tune.costs import measure_profile, profile_path
+
+    mesh = make_mesh(2, 4)
+    profile = measure_profile(target, "tiny", {"ngram:N=2": PromptLookup(num_draft=2)}, batch=1, max_k=2, repeats=1,
+                              mesh=mesh)  # fmt: skip
+    out["profile"] = {
+        "mesh": profile.mesh,
+        "batch": profile.batch,
+        "forward": sorted(profile.forward_ms),
+        "path": profile_path("tiny", 1, mesh=mesh).name,
+        "one_device_path": profile_path("tiny", 1).name,
+    }
+
     # Bad meshes: refused before anything is placed.
     def refusal(make):
         try:

@@ -208,3 +208,42 @@ def test_cli_compilation_cache_switch(monkeypatch, tmp_path, value, on):
         assert jax.config.jax_compilation_cache_dir == (str(tmp_path / "xla") if on else before)
     finally:  # set back before anything compiles, so no later test uses the cache
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+MESH_CLI = r"""
+import json, sys
+from jspec.cli import main
+base = ["generate", "--prompt", "What is 2+2?", "--chat", "--max-new-tokens", "8", "--json"]
+codes = [main([*base, "--mesh", "data=2,model=3"]), main([*base, "--mesh", "data=3,model=2"])]
+print(json.dumps(codes))
+"""
+
+
+def test_generate_over_a_mesh_gives_the_one_device_tokens(capsys, smollm2):
+    """SmolLM2 split over 3 of 6 simulated devices (9 heads, 3 KV heads: 3 per device) and 2 rows' worth of data."""
+    import os
+    import pathlib
+
+    code, one = _json(capsys, ["generate", "--prompt", "What is 2+2?", "--chat", "--max-new-tokens", "8", "--json"])
+    assert code == 0
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=6",
+               PYTHONPATH=str(pathlib.Path(__file__).parent))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", MESH_CLI], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == [0, 2]
+    assert json.loads(lines[0])["tokens"] == one["tokens"]
+    assert "mesh model=2 does not split this model (9 attention heads, 3 KV heads" in proc.stderr
+    assert "Sizes that fit: model=1, 3." in proc.stderr  # 9 does not divide its MLP width, 1,536
+
+
+def test_mesh_options_are_checked_before_the_model_loads(capsys):
+    assert main(["generate", "--prompt", "x", "--mesh", "data=2,tensor=2"]) == 2
+    assert "--mesh takes data=D,model=M" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--mesh", "data=4"]) == 2
+    assert "needs 4 devices; 1 are visible" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--mesh", "data=1", "--coordinator", "localhost:1"]) == 2
+    assert "all of --coordinator HOST:PORT, --num-processes N and --process-id I" in capsys.readouterr().err
+    argv = ["generate", "--prompt", "x", "--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "0"]
+    assert main(argv) == 2
+    assert "give --mesh too" in capsys.readouterr().err

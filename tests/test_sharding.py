@@ -126,6 +126,13 @@ def test_bad_distributed_arguments_are_refused_before_joining():
         initialize("localhost:1234", 2, 2)
 
 
+def test_the_cost_profile_is_measured_over_the_mesh(meshes):
+    profile = meshes["profile"]
+    assert profile["mesh"] == "2x4" and profile["batch"] == 2  # batch 1 runs as 2 rows over data = 2
+    assert profile["forward"] == [1, 2]
+    assert profile["path"].endswith("__mesh2x4.json") and "mesh" not in profile["one_device_path"]
+
+
 def test_mesh_sizes_from_text():
     from jspec.sharding import make_mesh, parse_mesh
 

@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from jspec.cli_common import add_mesh_options, mesh_from_args
+
 __all__ = ["add_tune_commands"]
 
 
@@ -32,6 +34,7 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the tuned config here too (jspec generate --config FILE)")
     p.add_argument("--plot", default=None, help="a PNG of predicted against measured speedup per candidate")
+    add_mesh_options(p)
     add_json(p)
     p.set_defaults(fn=_cmd_tune)
     tune = p.add_subparsers(dest="tune_command", required=False, metavar="[profile]")
@@ -44,6 +47,7 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--draft-model", default=None, help="a draft model to measure too (registry name or folder)")
     p.add_argument("--max-k", type=positive_int, default=8, help="measure target forwards of 1..K tokens at least")
     p.add_argument("--force", action="store_true", help="measure again even when a cached profile covers the request")
+    add_mesh_options(p)
     add_json(p)
     p.set_defaults(fn=_cmd_tune_profile)
 
@@ -54,12 +58,13 @@ def _cmd_tune_profile(args) -> int:
 
     num_drafts = _int_list(args.num_draft, "--num-draft")
     trees = _trees(args.trees)
+    mesh = mesh_from_args(args)
     model, _ = load_model(args.model)
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=args.head,
                                 draft_model=draft_model)  # fmt: skip
     profile, path, cached = ensure_profile(model, args.model, drafters, batch=args.batch, max_k=args.max_k,
-                                           force=args.force)  # fmt: skip
+                                           force=args.force, mesh=mesh)  # fmt: skip
     if args.json:
         print(json.dumps({"path": str(path), "cached": cached, "profile": profile.to_json()}))
         return 0
@@ -104,6 +109,7 @@ def _cmd_tune(args) -> int:
         if "draft" in wanted and not args.draft_model:
             raise ValueError("--methods draft needs --draft-model NAME.")
     prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
+    mesh = mesh_from_args(args)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
     head = args.head
@@ -132,23 +138,24 @@ def _cmd_tune(args) -> int:
     drafters = {name: d for name, d in drafters.items() if name.split(":")[0] in families}
     recs, rows, profiles, cache = [], [], {}, {}
     for batch in batches:
-        profile, path, cached = ensure_profile(model, args.model, drafters, batch=batch)
+        profile, path, cached = ensure_profile(model, args.model, drafters, batch=batch, mesh=mesh)
         profiles[batch] = {"path": str(path), "cached": cached}
         print(f"cost profile at batch {batch}: {'cached' if cached else 'measured'} ({path})", file=sys.stderr)
         for t in temperatures:
             rec, table = tune_cell(model, eos, ids, temperature=t, batch=batch, profile=profile,
                                    max_new_tokens=args.max_new_tokens, families=families, num_drafts=num_drafts,
                                    trees=trees, model_name=args.model, head=head, draft_model=draft_model,
-                                   verify_top=args.verify_top, seed=args.seed, cache=cache)  # fmt: skip
+                                   verify_top=args.verify_top, seed=args.seed, cache=cache, mesh=mesh)  # fmt: skip
             recs.append(rec)
             rows.extend(table)
     workload = {"prompts": args.prompts, "category": args.category, "skip": args.skip, "limit": len(prompts),
-                "max_new_tokens": args.max_new_tokens, "head": args.head, "draft_model": args.draft_model}  # fmt: skip
+                "max_new_tokens": args.max_new_tokens, "head": args.head, "draft_model": args.draft_model,
+                "mesh": args.mesh}  # fmt: skip
     config = TunedConfig(model=args.model, vocab_size=model.config.vocab_size, backend=profile.backend,
                          device_kind=profile.device_kind, dtype=weights_dtype(model), workload=workload,
                          recommendations=recs, candidates=rows, seconds=time.perf_counter() - t0)  # fmt: skip
     key = args.prompts + (f":{args.category}" if args.category else "")
-    saved = [save_tuned(config, tuned_path(args.model, dtype=config.dtype, workload=w)) for w in (key, None)]
+    saved = [save_tuned(config, tuned_path(args.model, dtype=config.dtype, workload=w, mesh=mesh)) for w in (key, None)]
     if args.out:
         saved.append(save_tuned(config, args.out))
     if args.plot:

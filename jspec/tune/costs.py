@@ -14,6 +14,7 @@ foreign file with a message that names it, and never deletes it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -32,6 +33,7 @@ from jspec.decode import jit_forward, prefill
 from jspec.drafters.base import Context, Feedback, check_drafter, merge_drafter, split_drafter
 from jspec.files import write_text
 from jspec.sampling import SamplingParams
+from jspec.sharding import place_model, replicate
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
            "measure_profile", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
@@ -52,10 +54,10 @@ def _interleaved_medians(fns: Mapping[str, Callable[[], object]], repeats: int) 
     return {name: 1000 * float(np.median(t)) for name, t in times.items()}
 
 
-def _forward_fns(model, max_k: int, context: int, batch: int, widths=None) -> dict[str, Callable]:
+def _forward_fns(model, max_k: int, context: int, batch: int, widths=None, mesh=None) -> dict[str, Callable]:
     """A k-token forward per k (1 .. ``max_k``, or ``widths``), each after ``context`` cached tokens per
     row (the cache is donated and rolled back after each call, so every call sees the same cache)."""
-    state, forward = jit_forward(model)
+    state, forward = jit_forward(model, mesh)
     holder = {"cache": model.init_cache(batch, context + max_k).rollback(jnp.full((batch,), context, jnp.int32))}
 
     def make(k):
@@ -84,11 +86,11 @@ def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10, 
 _CAPACITY_SLACK = 64  # cache slots past the context: any verify width and tree frontier in use
 
 
-def _prefilled(target, context: int, batch: int, hidden_layers: tuple[int, ...]):
+def _prefilled(target, context: int, batch: int, hidden_layers: tuple[int, ...], mesh=None):
     """(tokens int32[B, context], the target's hidden states over them at ``hidden_layers``)."""
     tokens = jax.random.randint(jax.random.PRNGKey(0), (batch, context), 0, target.config.vocab_size)
     lengths = jnp.full((batch,), context, jnp.int32)
-    graphdef, weights = nnx.split(target)  # weights as an argument: closed over, they become constants
+    graphdef, weights = place_model(mesh, target)  # weights as an argument: closed over, they become constants
 
     def run(weights, tokens):
         return prefill(nnx.merge(graphdef, weights), tokens, lengths, context + _CAPACITY_SLACK, hidden_layers)
@@ -96,7 +98,7 @@ def _prefilled(target, context: int, batch: int, hidden_layers: tuple[int, ...])
     return tokens, jax.jit(run)(weights, tokens).hidden_states
 
 
-def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None) -> dict[str, Callable]:
+def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None, mesh=None) -> dict[str, Callable]:
     """``propose`` and ``commit`` of one step, jitted, on ``context`` random committed tokens per row.
 
     ``prefilled``: :func:`_prefilled`'s output for the drafter's hidden layers (shared by drafters
@@ -110,11 +112,12 @@ def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None) -> d
         )
     greedy = SamplingParams.greedy()
     capacity = context + _CAPACITY_SLACK
-    tokens, hidden_states = prefilled or _prefilled(target, context, batch, drafter.hidden_layers)
+    tokens, hidden_states = prefilled or _prefilled(target, context, batch, drafter.hidden_layers, mesh)
     lengths = jnp.full((batch,), context, jnp.int32)
     history = jnp.zeros((batch, capacity), jnp.int32).at[:, :context].set(tokens).at[:, context].set(7)
     ctx = Context(history, lengths + 1, lengths)
     treedef, leaves = split_drafter(drafter)
+    leaves = replicate(mesh, leaves)
 
     def init(leaves, tokens, hidden):
         return merge_drafter(treedef, leaves).init(tokens, ctx, capacity, greedy, hidden)
@@ -153,6 +156,7 @@ class CostProfile:
         ``eagle3:tree=dynamic:4:3:8``.
       seconds: how long measuring took, compilation included.
       created: when (UTC, ISO 8601); version: the profile format.
+      mesh: ``"DxM"``, the data and model axes it ran over (:mod:`jspec.sharding`); "" for one device.
     """
 
     model: str
@@ -166,6 +170,7 @@ class CostProfile:
     seconds: float = 0.0
     created: str = ""
     version: int = PROFILE_VERSION
+    mesh: str = ""
 
     @property
     def step_ms(self) -> float:
@@ -192,7 +197,7 @@ class CostProfile:
     @classmethod
     def from_json(cls, data: dict, source: str = "profile") -> CostProfile:
         """Refuses, with ``source`` named, anything that is not a complete profile of this format."""
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"mesh"}  # profiles from before meshes: one device
         if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION or not fields <= data.keys():
             missing = sorted(fields - set(data)) if isinstance(data, dict) else ["everything"]
             raise ValueError(f"{source} is not a jspec cost profile of version {PROFILE_VERSION} (missing or wrong: "
@@ -218,8 +223,8 @@ def _slug(text: str) -> str:
 
 
 def profile_path(model: str, batch: int = 1, *, backend: str | None = None, device_kind: str | None = None,
-                 dtype: str = "float32", root: pathlib.Path | None = None) -> pathlib.Path:  # fmt: skip
-    """Where the profile of ``model`` at this batch bucket, backend, device kind and dtype is cached."""
+                 dtype: str = "float32", root: pathlib.Path | None = None, mesh=None) -> pathlib.Path:  # fmt: skip
+    """Where the profile of ``model`` at this batch bucket, backend, device kind, dtype (and mesh) is cached."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}.")
     if root is None:
@@ -229,7 +234,13 @@ def profile_path(model: str, batch: int = 1, *, backend: str | None = None, devi
     backend = backend or jax.default_backend()
     device_kind = device_kind or jax.devices()[0].device_kind
     key = "__".join(_slug(x) for x in (model, backend, device_kind, dtype, f"b{bucket(batch, minimum=1)}"))
+    key += f"__mesh{mesh_name(mesh)}" if mesh_name(mesh) else ""
     return pathlib.Path(root) / f"{key}.json"
+
+
+def mesh_name(mesh) -> str:
+    """``"DxM"`` for a ``("data", "model")`` mesh; "" for none."""
+    return "" if mesh is None else "x".join(str(mesh.shape.get(a, 1)) for a in ("data", "model"))
 
 
 def load_profile(path) -> CostProfile | None:
@@ -252,22 +263,27 @@ def weights_dtype(model) -> str:
 
 
 def measure_profile(target, model_name: str, drafters: Mapping[str, object] | None = None, *, batch: int = 1,
-                    max_k: int = 8, context: int = 256, repeats: int = 7) -> CostProfile:  # fmt: skip
+                    max_k: int = 8, context: int = 256, repeats: int = 7, mesh=None) -> CostProfile:  # fmt: skip
     """Measures a :class:`CostProfile`: forwards of 1..``max_k`` tokens and each drafter's step, all
-    interleaved round by round after a warm-up round, at the batch bucket of ``batch``."""
+    interleaved round by round after a warm-up round, at the batch bucket of ``batch`` (rounded up to
+    a multiple of the mesh's data axis), over ``mesh`` when given."""
+    from jspec.sharding import check_mesh, padded_rows
+
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError(f"max_k, context and repeats must be >= 1; got {max_k}, {context}, {repeats}.")
+    check_mesh(mesh, target.config)
     t0 = time.perf_counter()
-    rows = bucket(batch, minimum=1)
-    fns = _forward_fns(target, max_k, context, rows)
-    prefilled = {}
-    for name, drafter in (drafters or {}).items():
-        layers = tuple(drafter.hidden_layers)
-        if layers not in prefilled:
-            prefilled[layers] = _prefilled(target, context, rows, layers)
-        for part, fn in _drafter_fns(target, drafter, context, rows, prefilled[layers]).items():
-            fns[f"{name}|{part}"] = fn
-    ms = _interleaved_medians(fns, repeats)
+    rows = padded_rows(mesh, bucket(batch, minimum=1))
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        fns = _forward_fns(target, max_k, context, rows, mesh=mesh)
+        prefilled = {}
+        for name, drafter in (drafters or {}).items():
+            layers = tuple(drafter.hidden_layers)
+            if layers not in prefilled:
+                prefilled[layers] = _prefilled(target, context, rows, layers, mesh)
+            for part, fn in _drafter_fns(target, drafter, context, rows, prefilled[layers], mesh).items():
+                fns[f"{name}|{part}"] = fn
+        ms = _interleaved_medians(fns, repeats)
     forward = {k: ms[f"forward:{k}"] for k in range(1, max_k + 1)}
     costs = {name: {"propose_ms": ms[f"{name}|propose"], "commit_ms": ms[f"{name}|commit"]} for name in drafters or {}}
     return CostProfile(
@@ -281,6 +297,7 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
         drafters=costs,
         seconds=time.perf_counter() - t0,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        mesh=mesh_name(mesh),
     )
 
 
@@ -290,16 +307,16 @@ def save_profile(profile: CostProfile, path) -> pathlib.Path:
 
 
 def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, batch: int = 1, max_k: int = 8,
-                   force: bool = False) -> tuple[CostProfile, pathlib.Path, bool]:  # fmt: skip
+                   force: bool = False, mesh=None) -> tuple[CostProfile, pathlib.Path, bool]:  # fmt: skip
     """The cached profile when it covers ``drafters`` and forwards of ``max_k`` tokens, else a new one
     measured and cached; returns (profile, its path, whether it was cached). A damaged cached file is
     refused (and kept), unless ``force``."""
     max_k = max(verify_widths(drafters), max_k)
-    path = profile_path(model_name, batch, dtype=weights_dtype(target))
+    path = profile_path(model_name, batch, dtype=weights_dtype(target), mesh=mesh)
     cached = None if force else load_profile(path)
     if cached is not None and set(drafters) <= set(cached.drafters) and max(cached.forward_ms) >= max_k:
         return cached, path, True
-    profile = measure_profile(target, model_name, drafters, batch=batch, max_k=max_k)
+    profile = measure_profile(target, model_name, drafters, batch=batch, max_k=max_k, mesh=mesh)
     save_profile(profile, path)
     return profile, path, False
 

@@ -226,12 +226,12 @@ def _same_model(name: str) -> str:
 
 
 def tuned_path(model: str, *, backend: str | None = None, device_kind: str | None = None, dtype: str = "float32",
-               workload: str | None = None, root: pathlib.Path | None = None) -> pathlib.Path:  # fmt: skip
-    """Where ``jspec tune`` keeps its last config for a model on this machine: one per workload
-    (``workload``: the prompt set and category) and ``latest`` (whatever was tuned last)."""
+               workload: str | None = None, root: pathlib.Path | None = None, mesh=None) -> pathlib.Path:  # fmt: skip
+    """Where ``jspec tune`` keeps its last config for a model on this machine (and ``mesh``): one per
+    workload (``workload``: the prompt set and category) and ``latest`` (whatever was tuned last)."""
     import jax
 
-    from jspec.tune.costs import _slug
+    from jspec.tune.costs import _slug, mesh_name
 
     if root is None:
         from jspec.models.hub import cache_root
@@ -240,6 +240,7 @@ def tuned_path(model: str, *, backend: str | None = None, device_kind: str | Non
     backend = backend or jax.default_backend()
     device_kind = device_kind or jax.devices()[0].device_kind
     folder = "__".join(_slug(x) for x in (model, backend, device_kind, dtype))
+    folder += f"__mesh{mesh_name(mesh)}" if mesh is not None else ""
     return pathlib.Path(root) / folder / f"{_slug(workload) if workload else 'latest'}.json"
 
 

@@ -87,12 +87,13 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
     return probe["new_tokens"] / (prefill + step * units)
 
 
-def _decoder(setting: Setting, target, eos, *, model_name, head, draft_model):
+def _decoder(setting: Setting, target, eos, *, model_name, head, draft_model, mesh=None):
     from jspec.api import make_decoder
 
     extra = {"head": head} if setting.method.startswith("eagle") else {}
     extra |= {"draft_model": draft_model} if setting.method == "draft" else {}
-    return make_decoder(setting.method, target, eos_ids=eos, model_name=model_name, **setting.options(), **extra)
+    return make_decoder(setting.method, target, eos_ids=eos, model_name=model_name, mesh=mesh, **setting.options(),
+                        **extra)  # fmt: skip
 
 
 def _width(decoder) -> int:
@@ -104,8 +105,8 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
               families: Sequence[str], num_drafts: Sequence[int] = tuple(range(1, 8)),
               trees: Sequence[str] = ("dynamic",),
               model_name: str | None = None, head=None, draft_model=None, verify_top: int = 2, seed: int = 0,
-              log=None, cache: dict | None = None) -> tuple[Recommendation, list[dict]]:  # fmt: skip
-    """Probe, predict, measure and recommend for one temperature at one batch size.
+              log=None, cache: dict | None = None, mesh=None) -> tuple[Recommendation, list[dict]]:  # fmt: skip
+    """Probe, predict, measure and recommend for one temperature at one batch size (over ``mesh``).
 
     ``cache``: decoders by setting, kept across calls (a loop compiles once per decoder, and the
     temperature is an argument, not part of the compiled program).
@@ -124,7 +125,8 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
 
     def decoder(setting):
         if setting not in cache:
-            cache[setting] = _decoder(setting, target, eos, model_name=model_name, head=head, draft_model=draft_model)
+            cache[setting] = _decoder(setting, target, eos, model_name=model_name, head=head, draft_model=draft_model,
+                                      mesh=mesh)  # fmt: skip
         return cache[setting]
 
     probes = _probes(families, num_drafts, trees)
