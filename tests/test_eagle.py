@@ -354,7 +354,7 @@ def test_windowed_ttt_mask_is_the_context_plus_own_earlier_steps():
         np.testing.assert_array_equal(np.asarray(ttt_mask(t, k, steps, start, w)), want)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
+@pytest.mark.parametrize("kind", ["eagle3", pytest.param("eagle1", marks=pytest.mark.slow)])  # eagle1: CI time
 def test_loss_on_the_window_equals_the_loss_on_every_row(target, kind):
     """Steps after the first, the output layer and the loss run on the loss window only: same loss,
     same gradients, on responses at different offsets (one at the start, one at the very end)."""

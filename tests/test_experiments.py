@@ -204,3 +204,29 @@ def test_batch_throughput_tiny(tmp_path):
     assert set(cells) == {(1, "ar"), (1, "ngram"), (2, "ar"), (2, "ngram")}
     assert all(c["tokens_per_s"] > 0 for c in cells.values()) and cells[(2, "ngram")]["predicted"] > 0
     assert "ngram|T=0" in report["crossover"] and (tmp_path / "batch_throughput.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow  # ~2 minutes on SmolLM2 here; the accelerator run is what it is for
+def test_device_train_head_tiny(tmp_path, monkeypatch):
+    """The model in parts, data, a budget-sized run, scoring beside the shipped head, the head in parts, rejoined."""
+    script = _load("device_train_head")
+    parts = script.main(["split", "--out", str(tmp_path / "parts"), "--part-mib", "40"])
+    assert len(parts["parts"]) == 3 and all(p["bytes"] <= 40 << 20 for p in parts["parts"])
+    argv = ["train", "--tiny", "--parts", str(tmp_path / "parts"), "--out", str(tmp_path / "out"), "--num-prompts",
+            "8", "--eval-limit", "1", "--eval-tokens", "16", "--budget-s", "60", "--reserve-s", "0",
+            "--probe-steps", "4", "--min-steps", "4", "--max-steps", "8"]  # fmt: skip
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path / "cache"))  # the script points it at its own work folder
+    report = script.main(argv)
+    assert report["examples"] == 8 and 4 <= report["total_steps"] <= 8 and report["step_s"] > 0
+    assert {"tau_new", "tau_shipped", "better_than_shipped"} <= set(report)
+    head_parts = tmp_path / "out" / "head_parts"
+    assert all(p.stat().st_size <= 16 << 20 for p in head_parts.glob("head.safetensors.part*"))
+    assert script.main(["join", "--parts", str(head_parts), "--out", str(tmp_path / "joined")])
+    part = next(head_parts.glob("head.safetensors.part00"))
+    data = part.read_bytes()
+    part.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit flipped
+    with pytest.raises(SystemExit, match="not the part the manifest records"):
+        script.main(["join", "--parts", str(head_parts), "--out", str(tmp_path / "joined2")])
+    (tmp_path / "parts" / "smollm2-135m.gguf.part01").unlink()
+    with pytest.raises(SystemExit, match=r"lacks \['smollm2-135m.gguf.part01'\]"):
+        script.main([*argv[:5], str(tmp_path / "out2"), *argv[6:]])

@@ -232,6 +232,7 @@ def test_rank_rates_agree_with_the_loss_and_choose_the_measured_tree():
         MedusaDrafter.from_heads(heads, target, tree=MeasuredTree(8), rates=rates[:2])
 
 
+@pytest.mark.slow  # ~70 s; Medusa training, resuming, trees and greedy equality run on tiny models above
 def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, capsys):
     """`jspec train medusa --tiny` stopped halfway and run again (it resumes), then the saved heads
     draft chains and the Medusa tree chosen from their held-out rank rates on the real model through

@@ -22,14 +22,8 @@ def test_tiny_training_run_then_greedy_eagle_equals_plain(smollm2, tmp_path, cap
     assert report["report"]["steps"] == 12 and (out / "head.safetensors").exists()
     assert report["evaluation"]["tau"] >= 1.0
     assert len(report["report"]["final"]["loss"]) == 2  # one loss per TTT step
-    prompt = ["--model", "smollm2-135m", "--prompt", "List three prime numbers.", "--chat", "--max-new-tokens", "24"]
-    assert main(["generate", *prompt, "--json"]) == 0
-    plain = json.loads(capsys.readouterr().out)
-    assert main(["generate", *prompt, "--method", "eagle3", "--head", str(out), "--num-draft", "3", "--json"]) == 0
-    eagle = json.loads(capsys.readouterr().out)
-    assert eagle["tokens"] == plain["tokens"]
-    assert eagle["stats"]["tau"] >= 1.0
-    # Trees on SmolLM2 are test_real_shipped_head's (the shipped head, a dynamic tree); static ones test_tree_engine's.
+    # Greedy equality of a saved head through `generate --head` on SmolLM2 is test_real_shipped_head's (chains
+    # and a dynamic tree); static trees are test_tree_engine's.
     _fine_tuning_starts_from_the_saved_head_and_joins_extra_data(smollm2, out, tmp_path)
 
 

@@ -68,8 +68,8 @@ def test_weights_and_caches_are_split_megatron_style(meshes):
     place = meshes["placement"]
     _megatron(place["2x4"], 4, 2, kv_split=False)  # 2 KV heads on a model axis of 4: whole on every device
     _megatron(place["4x2"], 2, 1, kv_split=True)
-    assert place["2x4/cache_whole"] == [3, 4, 36, 2, 8]  # [L, B (3 rows + 1 filler), S, KV heads, D]
-    assert place["2x4/cache"] == [3, 2, 36, 2, 8] and place["4x2/cache"] == [3, 1, 36, 1, 8]
+    assert place["2x4/cache_whole"] == [3, 4, 56, 2, 8]  # [L, B (3 rows + 1 filler), S, KV heads, D]
+    assert place["2x4/cache"] == [3, 2, 56, 2, 8] and place["4x2/cache"] == [3, 1, 56, 1, 8]
     with pytest.raises(AssertionError):  # negative control: the attention output split by output
         _megatron(place["2x4/wrong_rule"], 4, 2, kv_split=False)
 
