@@ -77,7 +77,8 @@ class Speculator:
         ``config=`` a tuned config) built by :func:`jspec.make_decoder` with ``drafter_options``, or a drafter.
       model_name: the model's registry name, when ``model`` is a loaded model and the method
         should use the head shipped for it.
-      mesh: split batches over these devices (:mod:`jspec.sharding`).
+      mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows over ``data``, the
+        target's weights and KV cache over ``model`` (:mod:`jspec.sharding`).
       drafter_options: :func:`jspec.make_drafter`'s keyword arguments (``num_draft``, ``tree``,
         ``head``, ``draft_model``, ``ngram_min``, ``ngram_max``); for "auto", :class:`jspec.AutoDecoder`'s
         (``config``, ``workload``, ``head``, ``draft_model``).

@@ -168,7 +168,11 @@ def _cmd_bench(args) -> int:
     draft_model = load_model(args.draft_model, dtype=args.dtype)[0] if "draft" in methods else None
     workload = args.prompts + (f":{args.category}" if args.category else "")
     decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload, mesh) for method in methods}
-    results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed, progress=not args.json)
+    first = mesh is None or jax_process_index() == 0  # over several processes the first one reports
+    results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed,
+                              progress=first and not args.json)  # fmt: skip
+    if not first:
+        return 0
     for method, entry in results.items():
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
     if "ar" in results:
