@@ -1,6 +1,7 @@
 """One of two processes (jax.distributed, localhost coordinator, 4 simulated CPU devices each) that
 run plain decoding and EAGLE-3's dynamic tree over one 2x4 mesh spanning both; each prints what it
-read back, for tests/test_sharding.py to compare with one process. Args: PROCESS_ID PORT [N [--join-only]]."""
+read back, for tests/test_sharding.py to compare with one process.
+Args: PROCESS_ID PORT [N [--join-only | --with-tree]]."""
 
 import json
 import sys
@@ -31,7 +32,9 @@ meshes = {"2x4": (2, 4)}
 make_tree = mesh_script.QUICK["eagle3_tree"]
 out = {
     "plain": mesh_script.run(lambda mesh: Decoder(mesh_script.target, mesh=mesh), meshes),
-    "eagle3_tree": mesh_script.run(lambda mesh: SpeculativeDecoder(mesh_script.target, make_tree(), mesh=mesh), meshes),
     "multi_process": make_mesh(2, 4).is_multi_process,
 }
+if "--with-tree" in sys.argv:
+    out["eagle3_tree"] = mesh_script.run(lambda mesh: SpeculativeDecoder(mesh_script.target, make_tree(), mesh=mesh),
+                                         meshes)  # fmt: skip
 print(json.dumps(out))

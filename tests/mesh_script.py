@@ -105,7 +105,7 @@ def main(drafters, meshes):
     from jspec.tune.costs import measure_profile, profile_path
 
     mesh = make_mesh(2, 4)
-    profile = measure_profile(target, "tiny", {"ngram:N=2": PromptLookup(num_draft=2)}, batch=1, max_k=2, repeats=1,
+    profile = measure_profile(target, "tiny", {"ngram:N=1": PromptLookup(num_draft=1)}, batch=1, max_k=1, repeats=1,
                               mesh=mesh)  # fmt: skip
     out["profile"] = {
         "mesh": profile.mesh,

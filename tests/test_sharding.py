@@ -103,12 +103,12 @@ def _two_processes(*extra, counts=(2, 2)):
 
 
 def test_two_processes_over_one_mesh_give_the_one_process_tokens(meshes):
-    """jax.distributed: two processes of 4 devices, one 2x4 mesh over both; each reads the whole result."""
+    """jax.distributed: two processes of 4 devices, one 2x4 mesh over both; each reads the whole result
+    (plain decoding here; the slow test adds EAGLE-3's tree)."""
     first, second = _two_processes()
     assert first["multi_process"] and first == second
-    for method in ("plain", "eagle3_tree"):
-        for temperature in ("0.0", "1.0"):
-            assert first[method][f"2x4/{temperature}"] == meshes[method][f"one/{temperature}"]
+    for temperature in ("0.0", "1.0"):  # what differs from one process is placement and reading back, not the method
+        assert first["plain"][f"2x4/{temperature}"] == meshes["plain"][f"one/{temperature}"]
 
 
 def test_a_process_count_that_does_not_match_the_coordinator_is_refused():
@@ -129,7 +129,7 @@ def test_bad_distributed_arguments_are_refused_before_joining():
 def test_the_cost_profile_is_measured_over_the_mesh(meshes):
     profile = meshes["profile"]
     assert profile["mesh"] == "2x4" and profile["batch"] == 2  # batch 1 runs as 2 rows over data = 2
-    assert profile["forward"] == [1, 2]
+    assert profile["forward"] == [1]
     assert profile["path"].endswith("__mesh2x4.json") and "mesh" not in profile["one_device_path"]
 
 
@@ -154,6 +154,12 @@ def test_every_method_on_meshes_1x8_2x4_4x2_8x1(layer_loop):
     for method in ("plain", "ngram", "draft", "eagle3_tree", "eagle1", "medusa_tree", "lookahead"):
         _same_as_one_device(runs[method])
     assert runs["swapped_kv"] != runs["plain"]["one/0.0"]["tokens"]
+    if layer_loop == "unrolled":  # two processes, EAGLE-3's tree too
+        first, second = _two_processes("--with-tree")
+        assert first == second
+        for method in ("plain", "eagle3_tree"):
+            for temperature in ("0.0", "1.0"):
+                assert first[method][f"2x4/{temperature}"] == runs[method][f"one/{temperature}"]
 
 
 def test_shard_rows_pads_per_row_arrays_and_replicates_the_rest():

@@ -72,7 +72,10 @@ def test_a_profile_with_malformed_costs_is_refused(profile, tmp_path):
 
 def test_tune_profile_on_the_real_model_measures_once_then_reuses(capsys, smollm2, tmp_path, monkeypatch):
     from jspec.cli import main
+    from jspec.models.hub import cache_root
 
+    for name in ("models", "wheels"):  # the model as converted already; the profile goes to the test's own cache
+        (tmp_path / name).symlink_to(cache_root() / name)
     monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
     argv = ["tune", "profile", "--num-draft", "2", "--trees", "", "--max-k", "3", "--json"]
     assert main(argv) == 0
