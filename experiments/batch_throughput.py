@@ -13,7 +13,8 @@ propose and commit over a plain step for B rows, with the run's own counts of ve
 reading the weights and r_B(w) climbs toward w: speculation's gain shrinks (the EAGLE-3 paper's batch-64
 question) and, past some B, it loses.
 
-Writes ``batch_throughput.json`` and ``batch_throughput.png`` to --out.
+Writes ``batch_throughput.json`` and ``batch_throughput.png`` to --out after every batch size (a run
+stopped before the largest keeps what it measured).
 """
 
 from __future__ import annotations
@@ -88,9 +89,17 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"B {b:>3} T {t:g} {name:<10} {cell['tokens_per_s']:8.1f} tokens/s {cell['speedup']:.2f}x{pred}",
                       file=sys.stderr)  # fmt: skip
         forget_compiled(decoders.values())
+        report = write_report(args, cells, list(drafters))  # after every batch size: a stopped run keeps its figures
+    print(json.dumps({"crossover": report["crossover"]}, indent=1))
+    return report
+
+
+def write_report(args, cells: list[dict], methods: list[str]) -> dict:
+    """The report of the cells measured so far (with the crossover: the smallest batch where a method
+    loses to plain decoding), written with its plot to --out."""
     crossover = {}
-    for t in {c["temperature"] for c in cells}:
-        for name in drafters:
+    for t in sorted({c["temperature"] for c in cells}):
+        for name in methods:
             mine = sorted((c for c in cells if c["method"] == name and c["temperature"] == t), key=lambda c: c["batch"])
             losing = [c["batch"] for c in mine if c["speedup"] < 1.0]
             crossover[f"{name}|T={t:g}"] = min(losing) if losing else None
@@ -98,7 +107,6 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "batch_throughput.json").write_text(json.dumps(report, indent=1))
     plot(report, args.out / "batch_throughput.png")
-    print(json.dumps({"crossover": crossover}, indent=1))
     return report
 
 
