@@ -34,8 +34,7 @@ LAYER_PARAMS = (
 # Fused weights and the checkpoint tensors they concatenate (along the output axis, 0):
 # one matmul instead of three (or two) halves the ops per layer, which is what
 # a batch-1 decode step on CPU spends its time on besides reading weights. A model
-# split over a mesh's ``model`` axis holds the parts instead (:meth:`Transformer.unfused`),
-# so that each device's slice of q, k, v, gate and up is whole heads and whole MLP columns.
+# split over heads holds the parts (:meth:`Transformer.unfused`).
 FUSED = {"wqkv": ("wq", "wk", "wv"), "bqkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
 
 
@@ -250,12 +249,8 @@ class Transformer(nnx.Module):
     # ------------------------------------------------------------------ pieces
 
     def unfused(self) -> Transformer:
-        """The same model with q, k, v and gate, up as separate matrices (itself when they are).
-
-        What a model split over heads holds: a device's slice of each part is then whole
-        heads (or MLP columns), where a slice of the fused matrix would straddle q, k and v.
-        The arrays are slices of this model's; the outputs are the same up to float rounding.
-        """
+        """This model with q, k, v and gate, up as separate matrices (itself when they are): what a
+        model split over heads holds, so that a device's slice of each is whole heads or MLP columns."""
         if not self.fused:
             return self
         c = self.config
