@@ -38,11 +38,9 @@ MIB = 1 << 20
 
 
 def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+    from jspec.models.loading import file_sha256
+
+    return file_sha256(path)
 
 
 def split_file(path: pathlib.Path, out: pathlib.Path, part_mib: float) -> dict:
@@ -125,13 +123,12 @@ def _cmd_train(args) -> dict:
     from jspec.models.registry import get_source
     from jspec.training.recipe import prepare_data, train_head
 
-    source = get_source(MODEL)
+    manifest = args.parts / f"{MODEL}.gguf.parts.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("sha256") != get_source(MODEL).sha256:
+        raise SystemExit(f"the parts in {args.parts} make a file that is not the registry's {MODEL}; refusing them.")
     gguf = work / "cache" / "gguf" / f"{MODEL}.gguf"
     gguf.parent.mkdir(parents=True, exist_ok=True)
-    join_file(args.parts, f"{MODEL}.gguf", gguf)
-    if _sha256(gguf) != source.sha256:
-        gguf.unlink()
-        raise SystemExit(f"the parts in {args.parts} rebuild a file that is not the registry's {MODEL}; refusing it.")
+    join_file(args.parts, f"{MODEL}.gguf", gguf)  # every part and the whole checked against the manifest
     target, tokenizer = load_model(MODEL)
     report = {"backend": __import__("jax").default_backend(), "device": str(__import__("jax").devices()[0]),
               "load_s": time.perf_counter() - t0}  # fmt: skip
