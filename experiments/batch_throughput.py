@@ -7,11 +7,16 @@ model's prediction, and the batch where speculation stops paying on this machine
 
 At each batch size B the same B prompts (MT-bench, repeated to fill the batch) run through every decoder,
 taking turns (:func:`jspec.bench.run_interleaved`). The prediction for a method at batch B uses what was
-measured at that batch: r_B(w), a w-token forward over a one-token one for B rows, and c_B, the drafter's
-propose and commit over a plain step for B rows, with the run's own counts of verify and plain steps:
-``tokens / (verify (r_B + c_B) + plain)`` of plain decoding's speed. As B grows a step stops being bound by
-reading the weights and r_B(w) climbs toward w: speculation's gain shrinks (the EAGLE-3 paper's batch-64
-question) and, past some B, it loses.
+measured at that batch, with the run's cache size (prompts padded to P, P + max-new-tokens slots): f_B, a
+one-token forward of B rows; r_B(w), a w-token forward over f_B; c_B, the drafter's propose and commit over
+f_B; and F_B, the target's prefill of the B padded prompts, which every decoder pays once per call. With
+the run's own counts of steps, a method's time is F_B + (verify (r_B + c_B) + plain) f_B and plain
+decoding's F_B + steps f_B; ``predicted`` is the ratio of tokens per second these give, ``predicted_loop``
+the same without the prefill (the loops alone). As B grows a step stops being bound by reading the
+weights and r_B(w) climbs toward w: speculation's gain shrinks (the EAGLE-3 paper's batch-64 question)
+and, past some B, it loses. The prefill, the same for every decoder, pulls the measured ratio toward 1:
+at B = 32 here the prompts pad to 256 tokens and it was 64% of plain decoding's time for 48 new tokens.
+A drafter's own start over the prompt (EAGLE-3's head) is not in F_B.
 
 Writes ``batch_throughput.json`` and ``batch_throughput.png`` to --out after every batch size (a run
 stopped before the largest keeps what it measured).
@@ -50,12 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.batches, args.max_new_tokens, args.methods, args.temperature = [1, 2], 8, "ngram", "0"
 
     import jspec
-    from jspec.batching import enable_compilation_cache
+    from jspec.batching import bucket, enable_compilation_cache
     from jspec.bench import forget_compiled, run_interleaved
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
-    from jspec.tune.costs import drafter_cost, forward_cost
+    from jspec.tune.costs import drafter_cost, forward_cost, prefill_cost
 
     enable_compilation_cache()
     model, tok = load_model(args.model)
@@ -68,24 +73,35 @@ def main(argv: list[str] | None = None) -> dict:
     cells = []
     for b in args.batches:
         rows = (ids * b)[:b]
-        forward_ms = forward_cost(model, widths=[1, *widths.values()], repeats=repeats, batch=b)
-        costs = {name: drafter_cost(model, d, repeats=repeats, batch=b) for name, d in drafters.items()}
+        prompt_len = bucket(max(map(len, rows)))  # the loops' padded prompt length and cache size
+        cache = prompt_len + args.max_new_tokens
+        forward_ms = forward_cost(model, widths=[1, *widths.values()], repeats=repeats, batch=b, context=cache)
+        prefill_ms = prefill_cost(model, prompt_len, cache, repeats=max(1, repeats // 2), batch=b)
+        costs = {name: drafter_cost(model, d, repeats=repeats, batch=b, context=cache) for name, d in drafters.items()}
         decoders = {"ar": jspec.Decoder(model, eos_ids=eos)}
         decoders |= {name: jspec.SpeculativeDecoder(model, d, eos_ids=eos) for name, d in drafters.items()}
         for t in (float(x) for x in args.temperature.split(",")):
             runs = run_interleaved(decoders, rows, args.max_new_tokens, SamplingParams.create(t), batch=b)
-            base = runs["ar"]["tokens_per_s"]
+            base = runs["ar"]
+            f, pre = forward_ms[1] / 1000, prefill_ms / 1000
+            ar_steps = base["target_calls"] - base["calls"]  # the prefill is a target call of each batch
             for name, entry in runs.items():
+                keep = ("new_tokens", "seconds", "target_calls", "verify_steps", "plain_steps")
                 cell = {"batch": b, "temperature": t, "method": name, "tokens_per_s": entry["tokens_per_s"],
-                        "speedup": entry["tokens_per_s"] / base, "tau": entry["tau"]}  # fmt: skip
+                        "speedup": entry["tokens_per_s"] / base["tokens_per_s"], "tau": entry["tau"],
+                        "prompt_len": prompt_len, "forward_ms": forward_ms[1], "prefill_ms": prefill_ms,
+                        **{k: entry[k] for k in keep if k in entry}}  # fmt: skip
                 if name != "ar":
                     r = forward_ms[widths[name]] / forward_ms[1]
                     c = (costs[name]["propose_ms"] + costs[name]["commit_ms"]) / forward_ms[1]
                     steps = entry["verify_steps"] * (r + c) + entry["plain_steps"]
-                    per_row = entry["new_tokens"] / b  # tokens each row made; steps count the batch's loop
-                    cell |= {"r": r, "c": c, "predicted": per_row / steps if steps else None}
+                    ratio = entry["new_tokens"] / base["new_tokens"]
+                    loop = ratio * ar_steps / steps if steps else None
+                    whole = ratio * (pre + ar_steps * f) / (pre + steps * f)
+                    cell |= {"r": r, "c": c, "predicted": whole, "predicted_loop": loop}
                 cells.append(cell)
-                pred = f" (predicted {cell['predicted']:.2f}x)" if cell.get("predicted") else ""
+                pred = (f" (predicted {cell['predicted']:.2f}x; loops alone {cell['predicted_loop']:.2f}x)"
+                        if cell.get("predicted_loop") else "")  # fmt: skip
                 print(f"B {b:>3} T {t:g} {name:<10} {cell['tokens_per_s']:8.1f} tokens/s {cell['speedup']:.2f}x{pred}",
                       file=sys.stderr)  # fmt: skip
         forget_compiled(decoders.values())

@@ -36,7 +36,7 @@ from jspec.sampling import SamplingParams
 from jspec.sharding import place_model, replicate
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
-           "measure_profile", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
+           "measure_profile", "prefill_cost", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
 
 PROFILE_VERSION = 1
 
@@ -81,6 +81,19 @@ def forward_cost(model, max_k: int = 16, context: int = 256, repeats: int = 10, 
     ks = sorted(set(widths)) if widths else list(range(1, max_k + 1))
     ms = _interleaved_medians(_forward_fns(model, max(ks), context, batch, ks), repeats)
     return {k: ms[f"forward:{k}"] for k in ks}
+
+
+def prefill_cost(model, prompt_len: int, capacity: int, repeats: int = 3, batch: int = 1) -> float:
+    """Median milliseconds of the target's prefill of ``batch`` prompts padded to ``prompt_len`` into a
+    cache of ``capacity`` slots: what every decoder pays once per call before its first step (at a
+    large batch of long prompts it is most of a short generation's time)."""
+    if capacity < prompt_len:
+        raise ValueError(f"capacity {capacity} is smaller than the prompt length {prompt_len}.")
+    graphdef, weights = place_model(None, model)
+    tokens = jnp.full((batch, prompt_len), 5, jnp.int32)
+    lengths = jnp.full((batch,), prompt_len, jnp.int32)
+    run = jax.jit(lambda w, t, n: prefill(nnx.merge(graphdef, w), t, n, capacity).logits)
+    return _interleaved_medians({"prefill": lambda: run(weights, tokens, lengths)}, repeats)["prefill"]
 
 
 _CAPACITY_SLACK = 64  # cache slots past the context: any verify width and tree frontier in use
