@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jspec.control import switch
+
 __all__ = ["Adaptive", "StepCosts", "check_widths", "choose_width", "narrow_verify", "worth_speculating"]
 
 
@@ -32,7 +34,7 @@ class Adaptive:
       widths: narrower verify forwards (tokens: the pending one and w - 1 drafts) a chain may
         stop at, besides the full N + 1; each step takes the width whose expected tokens (from
         the drafter's confidence in each draft) per cost (``StepCosts.forward``) is highest.
-        Each width is one more compiled forward (a ``lax.switch``); () keeps the full width.
+        Each width is one more compiled forward (:func:`jspec.control.switch`); () keeps the full width.
     """
 
     probe_every: int = 8
@@ -137,7 +139,7 @@ def check_widths(drafter, widths: tuple[int, ...], costs: StepCosts) -> None:
 def _narrow_forward(target, w: int, full: int, hidden_layers, tokens, positions, cache):
     """The target over the first ``w`` of the step's ``full`` tokens (causal), its logits and hidden
     states padded back to ``full`` positions (never read: no draft past w - 1 is verified), so that
-    every width of a ``lax.switch`` returns the same shapes."""
+    every width of a switch returns the same shapes."""
     out = target(tokens[:, :w], positions[:, :w], cache, None, hidden_layers=hidden_layers)
     pad = lambda x: jnp.pad(x, [(0, 0), (0, full - w)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
     return dataclasses.replace(out, logits=pad(out.logits), hidden_states=tuple(pad(h) for h in out.hidden_states))
@@ -145,7 +147,7 @@ def _narrow_forward(target, w: int, full: int, hidden_layers, tokens, positions,
 
 def narrow_verify(target, drafter, proposal, live, costs: StepCosts, widths, tokens, positions, cache, hidden_layers):
     """The verify forward of a chain at the width :func:`choose_width` picks (one compiled forward
-    per width, a ``lax.switch``), and each row's draft count cut to it.
+    per width, :func:`jspec.control.switch`), and each row's draft count cut to it.
 
     Returns:
       (the target's output over N + 1 positions, int32[B] drafts to verify per row).
@@ -155,8 +157,13 @@ def narrow_verify(target, drafter, proposal, live, costs: StepCosts, widths, tok
                          "(Adaptive(widths=...)) needs one (a draft model or an EAGLE head).")  # fmt: skip
     n = proposal.tokens.shape[1]
     pick = choose_width(proposal.confidence, live, costs, widths)
-    branches = [functools.partial(_narrow_forward, target, w, n + 1, hidden_layers) for w in (*widths, n + 1)]
-    out = jax.lax.switch(pick, branches, tokens, positions, cache)
+    forwards = [functools.partial(_narrow_forward, target, w, n + 1, hidden_layers) for w in (*widths, n + 1)]
+    # jspec.control.switch keeps the cache in place: the carry is an output of the full width's shapes
+    # (zeros, never read: one width always runs) holding the cache each width writes into.
+    shapes = jax.eval_shape(forwards[-1], tokens, positions, cache)
+    empty = dataclasses.replace(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), cache=cache)
+    branches = [lambda out, f=f: f(tokens, positions, out.cache) for f in forwards]
+    out = switch(pick, branches, empty)
     verified = jnp.asarray([w - 1 for w in widths] + [n], jnp.int32)[pick]
     counts = jnp.full((live.shape[0],), n, jnp.int32) if proposal.num_drafts is None else proposal.num_drafts
     return out, jnp.minimum(counts, verified)

@@ -6,9 +6,9 @@ the pending token and the drafts (and any lookahead tokens) in one forward, the
 vmapped verifier accepts a prefix or a path per row, each row's caches roll back
 to its own length (a tree's accepted path moved into place first), and EOS and the
 budget end each row on its own. A step where no row has a draft is a plain one
-(``lax.cond``). The engine knows drafters only through :class:`jspec.drafters.base.Drafter`.
-With an :class:`Adaptive` policy (:mod:`jspec.adaptive`) a step may be a plain one where
-speculating does not pay, or verify a chain at a narrower width; every step samples exactly.
+(:func:`jspec.control.cond`, which keeps the caches in place). The engine knows drafters
+only through :class:`jspec.drafters.base.Drafter`. With an :class:`Adaptive` policy a step
+may be a plain one where speculating does not pay, or verify a chain at a narrower width.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
 from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
+from jspec.control import cond
 from jspec.decode import prefill
 from jspec.drafters.base import (
     ChainProposal,
@@ -266,10 +267,9 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         if proposal.lookahead is not None:  # its window needs the target's logits every step
             return verify_step(s, proposal, dstate, k_step)
         any_draft = jnp.any(proposal.has_draft & ~s.done)
-        return jax.lax.cond(any_draft, verify_step, plain_step, s, proposal, dstate, k_step)
-
-    def fall_back(s: LoopState, k_draft, k_step):
-        return plain_step(s, None, s.drafter, k_step, proposed=False)
+        s = dataclasses.replace(s, drafter=dstate)  # carried, so that its caches too stay in place
+        return cond(any_draft, lambda s: verify_step(s, proposal, s.drafter, k_step),
+                    lambda s: plain_step(s, proposal, s.drafter, k_step), s)  # fmt: skip
 
     def body(s: LoopState):
         step = s.verify_steps + s.plain_steps + 1
@@ -277,7 +277,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         if loop.adaptive is None:
             return speculate(s, k_draft, k_step)
         go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
-        return jax.lax.cond(go, speculate, fall_back, s, k_draft, k_step)
+        fall_back = lambda s: plain_step(s, None, s.drafter, k_step, proposed=False)  # noqa: E731
+        return cond(go, lambda s: speculate(s, k_draft, k_step), fall_back, s)
 
     body = streamed(body, loop.config, lambda s: (s.out, s.num_generated))
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
@@ -304,8 +305,7 @@ class SpeculativeDecoder:
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
         mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split over
-          ``data``, the target's weights and KV cache over ``model``, the drafter's weights
-          replicated (:mod:`jspec.sharding`); the default runs on JAX's default device.
+          ``data``, the target's weights and KV cache over ``model``, the drafter's replicated.
         adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
           needs ``costs``.
         costs: what a speculative and a plain step cost here (:class:`StepCosts`, e.g. from

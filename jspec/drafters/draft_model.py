@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from jspec.control import cond, when
 from jspec.decode import prefill
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
 from jspec.drafters.unroll import draft_chain, draft_tree
@@ -88,18 +89,21 @@ class DraftModel:
         # costs more than a one-token one, so it runs only when some row needs it.
         has_pending = state.pending >= 0
 
-        def catch_up(cache):
+        def catch_up(carry):
+            cache = carry[1]
             first = jnp.stack([jnp.where(has_pending, state.pending, last), last], axis=1)
             positions = cache.lengths[:, None] + jnp.arange(2)[None, :]
             n_new = 1 + has_pending.astype(jnp.int32)
             out = model(first, positions, cache, num_new=n_new, logit_index=n_new - 1)
             return out.logits[:, 0], out.cache
 
-        def one_token(cache):
-            out = model(last[:, None], cache.lengths[:, None], cache)
+        def one_token(carry):
+            out = model(last[:, None], carry[1].lengths[:, None], carry[1])
             return out.logits[:, 0], out.cache
 
-        logits0, cache = jax.lax.cond(jnp.any(has_pending), catch_up, one_token, state.cache)
+        logits = jax.eval_shape(one_token, (None, state.cache))[0]  # the carry's logits slot, always written
+        empty = jnp.zeros(logits.shape, logits.dtype)
+        logits0, cache = cond(jnp.any(has_pending), catch_up, one_token, (empty, state.cache))
         if self.tree is not None:
             return self._propose_tree(model, cache, ctx, logits0, state.pending)
 
@@ -166,7 +170,7 @@ class DraftModel:
                         num_new=has_pending.astype(jnp.int32))  # fmt: skip
             return out.cache
 
-        cache = jax.lax.cond(jnp.any(has_pending), feed_pending, lambda c: c, state.cache)
+        cache = when(jnp.any(has_pending), feed_pending, state.cache)
         consumed = jnp.take_along_axis(ctx.history, jnp.maximum(ctx.cache_length - 1, 0)[:, None], axis=1)[:, 0]
         behind = ctx.cache_length > cache.lengths  # a live row: the consumed token is now pending
         return _DraftModelState(cache, jnp.where(behind, consumed, -1), state.tree_tokens)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from jspec.cache import KVCache
+from jspec.control import when
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
 from jspec.drafters.unroll import draft_chain, draft_tree
 from jspec.heads import DraftHead, load_head
@@ -123,7 +124,7 @@ class EagleDrafter:
         )
 
     def _flushed(self, head, state: _EagleState, ctx: Context) -> _EagleState:
-        return jax.lax.cond(jnp.any(state.backlog_len > 0), lambda s: self._flush(head, s, ctx), lambda s: s, state)
+        return when(jnp.any(state.backlog_len > 0), lambda s: self._flush(head, s, ctx), state)
 
     def init(self, prompts, ctx: Context, capacity: int, sampling: SamplingParams, hidden: tuple):
         head = nnx.merge(self.graphdef, self.weights)
@@ -196,4 +197,4 @@ class EagleDrafter:
         )
         state = dataclasses.replace(state, backlog=backlog, backlog_len=state.backlog_len + live.astype(jnp.int32))
         full = jnp.any(state.backlog_len >= BACKLOG)
-        return jax.lax.cond(full, lambda s: self._flush(head, s, ctx), lambda s: s, state)
+        return when(full, lambda s: self._flush(head, s, ctx), state)
