@@ -39,8 +39,9 @@ def cond(pred, true_fn: Callable[[C], C], false_fn: Callable[[C], C], carry: C) 
 
 
 def switch(index, branches: Sequence[Callable[[C], C]], carry: C) -> C:
-    """``branches[index](carry)`` for a scalar int ``index`` in [0, len(branches))."""
-    index = jnp.asarray(index, jnp.int32)
+    """``branches[index](carry)`` for a scalar int ``index``, clamped to [0, len(branches)) as
+    ``lax.switch`` clamps it."""
+    index = jnp.clip(jnp.asarray(index, jnp.int32), 0, len(branches) - 1)
     for i, fn in enumerate(branches):
         carry = when(index == i, fn, carry)
     return carry
