@@ -1,6 +1,7 @@
 """jspec.control: branches that give lax.cond's values without copying the buffers they write."""
 
-import re
+import importlib.util
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -10,17 +11,18 @@ from tiny import tiny_model
 from jspec import control
 from jspec.sampling import SamplingParams
 
-CACHE = re.compile(r"= f32\[(\d+),(\d+),(\d+),(\d+),(\d+)\]\{[0-9,]*\} copy\(")
+_SPEC = importlib.util.spec_from_file_location(
+    "branch_copies", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "branch_copies.py"
+)
+_EXPERIMENT = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_EXPERIMENT)
 
 
 def cache_copies(hlo: str, layers: int, rows: int, kv_heads: int, head_dim: int) -> int:
-    """Copies of a whole [layers, rows, capacity, kv_heads, head_dim] cache outside the entry computation
-    (inside the loop and its branches, where they cost a copy per step)."""
-    body = hlo.split("\nENTRY ")[0]
-    return sum(
-        (int(m[0]), int(m[1]), int(m[3]), int(m[4])) == (layers, rows, kv_heads, head_dim) and int(m[2]) > 8
-        for m in CACHE.findall(body)
-    )
+    """Copies of a whole [layers, rows, capacity, kv_heads, head_dim] cache inside the loop and its branches
+    (experiments/branch_copies.py counts them)."""
+    shape = lambda d: len(d) == 5 and [d[0], d[1], d[3], d[4]] == [layers, rows, kv_heads, head_dim] and d[2] > 8  # noqa: E731
+    return _EXPERIMENT.copies_in_loop(hlo, shape)
 
 
 def test_branches_give_lax_cond_s_values():
