@@ -147,7 +147,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--capacity", type=int, default=300)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--real", action="store_true", help="also part 3: SmolLM2, interleaved (about 15 minutes here)")
+    p.add_argument("--real", action="store_true", help="also part 3: SmolLM2, interleaved (about 50 minutes here)")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--rounds", type=int, default=2, help="batches per batch size and decoder (part 3)")
     args = p.parse_args(argv)
