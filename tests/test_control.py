@@ -1,21 +1,15 @@
 """jspec.control: branches that give lax.cond's values without copying the buffers they write."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from experiment import load_experiment
 from tiny import tiny_model
 
 from jspec import control
 from jspec.sampling import SamplingParams
 
-_SPEC = importlib.util.spec_from_file_location(
-    "branch_copies", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "branch_copies.py"
-)
-_EXPERIMENT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_EXPERIMENT)
+_EXPERIMENT = load_experiment("branch_copies")
 
 
 def cache_copies(hlo: str, layers: int, rows: int, kv_heads: int, head_dim: int) -> int:

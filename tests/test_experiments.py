@@ -1,19 +1,10 @@
 """The experiment scripts run end to end in their tiny mode."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from experiment import ROOT
+from experiment import load_experiment as _load
 
 
 def test_speedup_table_tiny(tmp_path, capsys):
