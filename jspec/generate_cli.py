@@ -278,7 +278,10 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     )
     p.add_argument("--config", default=None, help="method auto: a tuned config (jspec tune --out FILE)")
     p.add_argument(
-        "--head", default=None, help="folder of a trained EAGLE head or Medusa heads (default: the one shipped)"
+        "--head",
+        default=None,
+        help="an EAGLE head or Medusa heads: a folder or Hub id ORG/NAME[@REV], saved by jspec or published by "
+        "SafeAILab/EAGLE, SpecForge, speculators or Medusa (default: the one shipped)",
     )
     p.add_argument("--draft-model", default=None, help="registry name or folder of the draft model (--method draft)")
     _add_tree(p, positive_int)
@@ -301,7 +304,10 @@ def add_decode_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png", help="tokens/s and tau per method")
     p.add_argument("--methods", default="ar,ngram", help=f"comma-separated: {', '.join(_methods())}")
     p.add_argument(
-        "--head", default=None, help="folder of a trained EAGLE head or Medusa heads (default: the one shipped)"
+        "--head",
+        default=None,
+        help="an EAGLE head or Medusa heads: a folder or Hub id ORG/NAME[@REV], saved by jspec or published by "
+        "SafeAILab/EAGLE, SpecForge, speculators or Medusa (default: the one shipped)",
     )
     p.add_argument(
         "--prompts", default="spec-bench", help="mt-bench, humaneval, spec-bench or a Spec-Bench style jsonl path"

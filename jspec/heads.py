@@ -40,6 +40,7 @@ from flax import nnx
 
 from jspec.cache import KVCache
 from jspec.files import atomic_write, write_text
+from jspec.models.config import RopeScaling
 from jspec.models.llama import decoder_layer, linear, rms_norm
 
 __all__ = [
@@ -68,8 +69,27 @@ class HeadConfig:
     rope_theta: float
     vocab_size: int  # the target's
     draft_vocab_size: int
-    feature_layers: tuple[int, ...]
+    feature_layers: tuple[int, ...]  # the target layers whose *output* the head reads, low to high
     num_target_layers: int
+    # How published heads compute (jspec.head_formats sets them; the defaults are jspec's own heads).
+    target_hidden_size: int = 0  # the target's width when it differs from the head's (0: the same)
+    fc_bias: bool = False  # the fusion has a bias (SafeAILab's EAGLE-1)
+    fc_norm: bool = False  # an RMSNorm on each feature before the fusion (SpecForge, speculators)
+    attn_norm: bool = True  # EAGLE-1: an RMSNorm before attention (SafeAILab's layer 0 has none)
+    qkv_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on queries and keys (a Qwen3-type layer)
+    norm_before_residual: bool = False  # EAGLE-3: the residual stream starts from the normalized feature
+    logits_norm: bool = True  # the final norm before the output layer (SafeAILab's EAGLE-1: none)
+    feedback_norm: bool = False  # the next draft step reads the normalized output (speculators' norm_output)
+    feature_norm: bool = False  # EAGLE-1: the feature is the target's final-normalized top state
+    own_embed: bool = False  # the head's own token embedding, not the target's
+    rope_scaling: RopeScaling | None = None
+
+    def __post_init__(self):
+        if self.target_hidden_size == 0:
+            object.__setattr__(self, "target_hidden_size", self.hidden_size)
+        if self.target_hidden_size != self.hidden_size and not self.own_embed:
+            raise ValueError("a head narrower or wider than its target needs its own embedding (own_embed).")
 
     @classmethod
     def for_target(cls, target, kind: str = "eagle3", draft_vocab_size: int = 8192, feature_layers=None):
@@ -96,7 +116,18 @@ class HeadConfig:
     @classmethod
     def from_json(cls, text: str) -> HeadConfig:
         d = json.loads(text)
-        return cls(**(d | {"feature_layers": tuple(d["feature_layers"])}))
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"head config field(s) {unknown} are not ones this jspec implements; refusing the head.")
+        rope = d.get("rope_scaling")
+        return cls(**(d | {"feature_layers": tuple(d["feature_layers"]),
+                           "rope_scaling": None if rope is None else RopeScaling(**rope)}))  # fmt: skip
+
+    def inv_freq(self) -> np.ndarray:
+        """float32[D/2]: the head's own RoPE frequencies (its theta and scaling, not the target's)."""
+        exponent = np.arange(0, self.head_dim, 2).astype(np.float32) / np.float32(self.head_dim)
+        inv = (np.float32(1.0) / np.float32(self.rope_theta) ** exponent).astype(np.float32)
+        return inv if self.rope_scaling is None else self.rope_scaling.apply(inv).astype(np.float32)
 
 
 class DraftHead(nnx.Module):
@@ -112,11 +143,16 @@ class DraftHead(nnx.Module):
         def param(*shape):
             return nnx.Param(init(rngs.params(), shape, dtype))
 
+        Ht, n = c.target_hidden_size, len(c.feature_layers)
         self.embed = Frozen(jnp.zeros((c.vocab_size, H), dtype))
         self.d2t = Frozen(jnp.arange(K, dtype=jnp.int32))  # draft id -> target id
         self.t2d = Frozen(target_to_draft(jnp.arange(K), c.vocab_size))  # target id -> draft id, or -1
+        self.fc_b = nnx.Param(jnp.zeros((H,), dtype)) if c.fc_bias else None
+        self.fc_norms = nnx.Param(jnp.ones((n, Ht), dtype)) if c.fc_norm else None
+        self.bqkv = nnx.Param(jnp.zeros((qkv_out,), dtype)) if c.qkv_bias else None
+        self.q_norm, self.k_norm = (nnx.Param(jnp.ones((D,), dtype)) for _ in range(2)) if c.qk_norm else (None, None)
         if c.kind == "eagle3":
-            self.fc = param(H, len(c.feature_layers) * H)
+            self.fc = param(H, n * Ht)
             self.emb_norm = nnx.Param(jnp.ones((H,), dtype))
             self.feat_norm = nnx.Param(jnp.ones((H,), dtype))
             self.attn_norm = None
@@ -126,7 +162,7 @@ class DraftHead(nnx.Module):
         else:
             self.fc = param(H, 2 * H)
             self.emb_norm = self.feat_norm = None
-            self.attn_norm = nnx.Param(jnp.ones((H,), dtype))
+            self.attn_norm = nnx.Param(jnp.ones((H,), dtype)) if c.attn_norm else None
             self.wqkv = param(qkv_out, H)
             self.final_norm = Frozen(jnp.ones((H,), dtype))
             self.lm_head = Frozen(jnp.zeros((K, H), dtype))
@@ -141,8 +177,13 @@ class DraftHead(nnx.Module):
 
     def fuse(self, features) -> jax.Array:
         """The step-0 feature [B, T, H] from the target's hidden states at ``feature_layers``."""
-        if self.config.kind == "eagle3":
+        c = self.config
+        if c.kind == "eagle3":
+            if c.fc_norm:
+                features = [rms_norm(f, w, c.rms_eps) for f, w in zip(features, self.fc_norms[...], strict=True)]
             return linear(jnp.concatenate(features, axis=-1), self.fc[...])
+        if c.feature_norm:  # the target's final norm (a frozen copy) over its top layer
+            return rms_norm(features[-1], self.final_norm[...], c.rms_eps)
         return features[-1]
 
     def __call__(self, tokens, feature, positions, cache: KVCache, mask=None, *, num_new=None):
@@ -162,15 +203,20 @@ class DraftHead(nnx.Module):
         c = self.config
         b, t = tokens.shape
         emb = jnp.take(self.embed[...], tokens, axis=0)
-        p = {name: getattr(self, name)[...] for name in ("wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")}
+        names = ("wqkv", "bqkv", "q_norm", "k_norm", "wo", "mlp_norm", "w_gate_up", "w_down")
+        p = {name: getattr(self, name)[...] for name in names if getattr(self, name) is not None}
         if c.kind == "eagle3":  # the residual stream is the feature; attention reads [embedding, feature]
-            x = feature
             norm_e = rms_norm(emb, self.emb_norm[...], c.rms_eps)
             norm_f = rms_norm(feature, self.feat_norm[...], c.rms_eps)
+            x = norm_f if c.norm_before_residual else feature
             attn_input = jnp.concatenate([norm_e, norm_f], axis=-1)
         else:  # EAGLE-1: a plain layer over the fused [embedding, feature]
             x = linear(jnp.concatenate([emb, feature], axis=-1), self.fc[...])
-            p["attn_norm"], attn_input = self.attn_norm[...], None
+            x = x + self.fc_b[...].reshape(1, 1, -1) if c.fc_bias else x
+            if c.attn_norm:
+                p["attn_norm"], attn_input = self.attn_norm[...], None
+            else:
+                attn_input = x
         if mask is None:
             mask = cache.causal_mask(t)
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
@@ -182,28 +228,33 @@ class DraftHead(nnx.Module):
             written["v"] = cache.v[0].at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
             return written["k"], written["v"]
 
-        x = decoder_layer(c, p, x, write, positions, mask, attn_input)
+        inv_freq = None if c.rope_scaling is None else jnp.asarray(c.inv_freq())  # None: from rope_theta, as targets
+        x = decoder_layer(c, p, x, write, positions, mask, attn_input, inv_freq=inv_freq)
+        if c.feedback_norm:  # the normalized output is both the next step's feature and the logits' input
+            x = rms_norm(x, self.final_norm[...], c.rms_eps)
         num_new = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
         return x, KVCache(written["k"][None], written["v"][None], cache.lengths).advance(num_new)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Draft-vocabulary logits float32[..., K]."""
-        h = rms_norm(hidden, self.final_norm[...], self.config.rms_eps)
+        c = self.config
+        h = rms_norm(hidden, self.final_norm[...], c.rms_eps) if c.logits_norm and not c.feedback_norm else hidden
         return linear(h, self.lm_head[...]).astype(jnp.float32)
 
     def attach_target(self, target, d2t) -> None:
         """Copies what the head reads but does not train from a target model: its embedding, the
         vocabulary map and (EAGLE-1) its final norm and output rows. Call before training or drafting."""
         c = self.config
-        if target.config.vocab_size != c.vocab_size or target.config.hidden_size != c.hidden_size:
+        if target.config.vocab_size != c.vocab_size or target.config.hidden_size != c.target_hidden_size:
             raise ValueError(
-                f"this head was built for vocab {c.vocab_size} x hidden {c.hidden_size}; the target has "
+                f"this head was built for vocab {c.vocab_size} x hidden {c.target_hidden_size}; the target has "
                 f"{target.config.vocab_size} x {target.config.hidden_size}."
             )
         d2t = jnp.asarray(d2t, jnp.int32)
         if d2t.shape != (c.draft_vocab_size,):
             raise ValueError(f"the vocabulary map has shape {d2t.shape}; the head wants ({c.draft_vocab_size},).")
-        self.embed[...] = target.embed[...]
+        if not c.own_embed:
+            self.embed[...] = target.embed[...]
         self.d2t[...] = d2t
         self.t2d[...] = target_to_draft(d2t, c.vocab_size)
         if c.kind == "eagle1":
@@ -283,6 +334,8 @@ def save_head(head: DraftHead, folder, recipe: dict | None = None) -> pathlib.Pa
         for path, v in nnx.to_flat_state(nnx.state(head, nnx.Param))
     }
     tensors["d2t"] = np.asarray(head.d2t[...], np.int32)
+    if head.config.own_embed:  # not the target's: it travels with the head
+        tensors["embed"] = np.asarray(head.embed[...], np.float16)
     with atomic_write(folder / HEAD_WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
     meta = {"config": json.loads(head.config.to_json()), "recipe": recipe or {}}
@@ -318,4 +371,6 @@ def load_head(folder, target) -> DraftHead:
         flat[path] = var.replace(jnp.asarray(tensors[name], jnp.float32))
     nnx.update(head, nnx.from_flat_state(flat))
     head.attach_target(target, tensors["d2t"])
+    if config.own_embed:
+        head.embed[...] = jnp.asarray(tensors["embed"], jnp.float32)
     return head

@@ -41,6 +41,7 @@ class MedusaConfig:
     vocab_size: int
     rms_eps: float
     num_target_layers: int
+    untied: bool = False  # each head its own output layer (Medusa-1's published heads), not the target's
 
     def __post_init__(self):
         if self.num_heads < 1:
@@ -67,6 +68,8 @@ class MedusaHeads(nnx.Module):
         self.b = nnx.Param(jnp.zeros((c.num_heads, c.hidden_size), dtype))
         self.final_norm = Frozen(jnp.ones((c.hidden_size,), dtype))
         self.lm_head = Frozen(jnp.zeros((c.vocab_size, c.hidden_size), dtype))
+        # Untied: head k's own output layer [K, V, H], read from its file (jspec.head_formats), never trained here.
+        self.head_out = Frozen(jnp.zeros((c.num_heads, c.vocab_size, c.hidden_size), dtype)) if c.untied else None
 
     def attach_target(self, target) -> None:
         """Copies the target's final norm (as a plain RMSNorm weight) and output layer into the heads."""
@@ -93,6 +96,8 @@ class MedusaHeads(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[..., H] → float32[..., K, V]: head k's logits for the token k + 1 after the target's next."""
+        if self.config.untied:
+            return jnp.einsum("...kh,kvh->...kv", self.states(hidden), self.head_out[...]).astype(jnp.float32)
         return linear(self.states(hidden), self.lm_head[...]).astype(jnp.float32)
 
 
@@ -103,8 +108,11 @@ def save_medusa(heads: MedusaHeads, folder, recipe: dict | None = None) -> pathl
 
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    tensors = {"w": np.asarray(heads.w[...], np.float16), "b": np.asarray(heads.b[...], np.float16)}
+    if heads.config.untied:  # the heads' own output layers travel with them
+        tensors["head_out"] = np.asarray(heads.head_out[...], np.float16)
     with atomic_write(folder / WEIGHTS) as tmp:
-        save_file({"w": np.asarray(heads.w[...], np.float16), "b": np.asarray(heads.b[...], np.float16)}, str(tmp))
+        save_file(tensors, str(tmp))
     meta = {"kind": "medusa", "config": dataclasses.asdict(heads.config), "recipe": recipe or {}}
     write_text(folder / META, json.dumps(meta, indent=1))
     return folder
@@ -127,7 +135,7 @@ def load_medusa(folder, target) -> MedusaHeads:
         raise ValueError(f"{folder / META} describes a {meta.get('kind')!r}, not Medusa heads.")
     heads = MedusaHeads(config, rngs=nnx.Rngs(0))
     tensors = read_tensors(folder / WEIGHTS)
-    for name in ("w", "b"):
+    for name in ("w", "b", "head_out") if config.untied else ("w", "b"):
         want = getattr(heads, name)[...].shape
         if name not in tensors or tensors[name].shape != want:
             raise ValueError(f"{folder / WEIGHTS}: tensor {name!r} is missing or not {want}; refusing it.")

@@ -21,7 +21,8 @@ from jspec.cache import KVCache
 from jspec.control import when
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
 from jspec.drafters.unroll import draft_chain, draft_tree
-from jspec.heads import DraftHead, load_head
+from jspec.head_formats import load_eagle
+from jspec.heads import DraftHead
 from jspec.sampling import SamplingParams
 from jspec.tree import DynamicTreeSpec, StaticTree, frontier_sizes
 
@@ -71,8 +72,8 @@ class EagleDrafter:
         """The drafter for ``target``: a chain of ``num_draft`` (default 4), or a tree (N is its depth).
 
         Args:
-          head: a :class:`jspec.heads.DraftHead`, or the folder of a saved head (loaded and
-            attached to ``target``).
+          head: a :class:`jspec.heads.DraftHead`, or the folder or Hub id of a head saved by jspec or
+            published in another format (:mod:`jspec.head_formats`), loaded and attached to ``target``.
           target: the target model.
 
         Raises:
@@ -81,8 +82,8 @@ class EagleDrafter:
         """
         if not isinstance(head, DraftHead):
             if not isinstance(head, str | os.PathLike):
-                raise ValueError(f"head must be a DraftHead or the folder of a saved head; got {type(head).__name__}.")
-            head = load_head(head, target)
+                raise ValueError(f"head must be a DraftHead, a head's folder or a Hub id; got {type(head).__name__}.")
+            head = load_eagle(head, target)
         target_vocab = target.config.vocab_size
         if head.config.vocab_size != target_vocab:
             raise ValueError(

@@ -131,9 +131,10 @@ def make_drafter(
       target: the target model.
       num_draft: N for a chain (default :data:`DEFAULTS`); a tree's depth is its own (leave it out).
       tree: a chain (None), "dynamic", a branching such as "2,2,2", or a tree object (:func:`parse_tree`).
-      head: EAGLE: a :class:`jspec.heads.DraftHead` or a saved head's folder; Medusa:
-        :class:`jspec.medusa.MedusaHeads` or their folder (N defaults to every head); default the
-        head shipped for ``model_name``.
+      head: EAGLE: a :class:`jspec.heads.DraftHead`; Medusa: :class:`jspec.medusa.MedusaHeads` (N defaults
+        to every head); or the folder or Hub id ``ORG/NAME[@REVISION]`` of a head saved by jspec or published
+        by SafeAILab/EAGLE, SpecForge, speculators or Medusa (:mod:`jspec.head_formats`); default the head
+        shipped for ``model_name``.
       draft_model: "draft": a model, or a registry name or folder to load.
       ngram_min, ngram_max: prompt lookup's shortest and longest suffix.
       model_name: the target's registry name (finds the shipped head).
@@ -179,10 +180,10 @@ def make_drafter(
     from jspec.heads import DraftHead
 
     head = _shipped_if_none(head, method, model_name)
-    if not isinstance(head, DraftHead):  # a folder: loaded once, its kind read from the loaded head
-        from jspec.heads import load_head
+    if not isinstance(head, DraftHead):  # a folder or Hub id: loaded once, its kind read from the loaded head
+        from jspec.head_formats import load_eagle
 
-        head = load_head(head, target)
+        head = load_eagle(head, target)
     if head.config.kind != method:
         raise ValueError(f"method {method!r} was asked for, but the head is an {head.config.kind} head; "
                          f"pass method={head.config.kind!r}.")  # fmt: skip

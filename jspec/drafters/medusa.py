@@ -18,7 +18,8 @@ import numpy as np
 from flax import nnx, struct
 
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
-from jspec.medusa import MedusaHeads, load_medusa, saved_rank_rates
+from jspec.head_formats import load_medusa_heads
+from jspec.medusa import MedusaHeads, saved_rank_rates
 from jspec.sampling import SamplingParams, probs_from_logits, sample
 from jspec.tree import MeasuredTree, StaticTree, frontier_sizes
 
@@ -106,7 +107,7 @@ class MedusaDrafter:
                 raise ValueError(f"heads must be MedusaHeads or the folder of saved ones; got {type(heads).__name__}.")
             if isinstance(tree, MeasuredTree) and rates is None:
                 rates = saved_rank_rates(heads)
-            heads = load_medusa(heads, target)
+            heads = load_medusa_heads(heads, target)
         k = heads.config.num_heads
         if isinstance(tree, MeasuredTree):
             if rates is None:

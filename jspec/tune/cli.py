@@ -26,7 +26,11 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--batch", default="1", help="batch sizes to tune for, e.g. 1,8")
     p.add_argument("--num-draft", default="1,2,3,4,5,6,7", help="chain lengths N to consider")
     p.add_argument("--trees", default="dynamic", help="trees to consider, separated by ';' (dynamic, 2,2,2, ...)")
-    p.add_argument("--head", default=None, help="an EAGLE-3 head's folder (default: the one shipped for --model)")
+    p.add_argument(
+        "--head",
+        default=None,
+        help="an EAGLE-3 head: a folder or Hub id, jspec's or a published one (default: the one shipped for --model)",
+    )
     p.add_argument("--draft-model", default=None, help="a draft model to consider (registry name or folder)")
     p.add_argument("--methods", default=None,
                    help="only these drafter families (ngram, eagle3, draft); default every one available")  # fmt: skip
@@ -43,7 +47,11 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--batch", type=positive_int, default=1, help="rows per batch (measured at its power-of-two bucket)")
     p.add_argument("--num-draft", default="1,2,3,4,5,6,7", help="chain lengths N to measure each drafter at")
     p.add_argument("--trees", default="dynamic", help="trees to measure, separated by ';' (dynamic, 2,2,2, ...)")
-    p.add_argument("--head", default=None, help="an EAGLE-3 head's folder (default: the one shipped for --model)")
+    p.add_argument(
+        "--head",
+        default=None,
+        help="an EAGLE-3 head: a folder or Hub id, jspec's or a published one (default: the one shipped for --model)",
+    )
     p.add_argument("--draft-model", default=None, help="a draft model to measure too (registry name or folder)")
     p.add_argument("--max-k", type=positive_int, default=8, help="measure target forwards of 1..K tokens at least")
     p.add_argument("--force", action="store_true", help="measure again even when a cached profile covers the request")
@@ -121,9 +129,9 @@ def _cmd_tune(args) -> int:
         except ValueError:
             head = None
     if head is not None:
-        from jspec.heads import load_head
+        from jspec.head_formats import load_eagle
 
-        head = load_head(head, model)  # read once, for every probe and candidate
+        head = load_eagle(head, model)  # read once, for every probe and candidate
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     if wanted is not None and "draft" not in wanted:
         draft_model = None

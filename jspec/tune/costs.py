@@ -350,9 +350,10 @@ def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7
         except ValueError:  # no head ships for this model: nothing to measure
             head = None
     if head is not None:
-        from jspec.heads import DraftHead, load_head
+        from jspec.head_formats import load_eagle
+        from jspec.heads import DraftHead
 
-        head = head if isinstance(head, DraftHead) else load_head(head, target)  # read once for every N and tree
+        head = head if isinstance(head, DraftHead) else load_eagle(head, target)  # read once for every N and tree
         for n in num_drafts:
             drafters[f"eagle3:N={n}"] = make_drafter("eagle3", target, num_draft=n, head=head)
         for spec in trees:
