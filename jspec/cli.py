@@ -143,6 +143,20 @@ def _cmd_fetch(args) -> int:
     return 0
 
 
+def _cmd_export_head(args) -> int:
+    from jspec.head_export import export_head
+    from jspec.head_formats import load_any_head
+    from jspec.models.hub import load_model
+
+    model, _ = load_model(args.model, dtype="float32")  # the head is attached to its target to be read
+    head = load_any_head(args.head, model)
+    out = export_head(head, args.format, args.out, verifier=args.model, num_draft=args.num_draft)
+    result = {"head": str(args.head), "format": args.format, "out": str(out),
+              "files": sorted(p.name for p in out.iterdir())}  # fmt: skip
+    print(json.dumps(result) if args.json else f"wrote {args.format} head to {out}: {', '.join(result['files'])}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -208,6 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="registry name, e.g. smollm2-135m")
     _add_json(p)
     p.set_defaults(fn=_cmd_fetch)
+
+    p = sub.add_parser("export-head", help="write a head in the layout SGLang, vLLM, SafeAILab/EAGLE or Medusa loads")
+    p.add_argument("head", help="the head: a folder or Hub id (jspec's own, or any format jspec reads)")
+    p.add_argument("--format", required=True, choices=("specforge", "speculators", "eagle", "medusa"),
+                   help="specforge: SGLang (LlamaForCausalLMEagle3); speculators: vLLM; eagle: SafeAILab/EAGLE; "
+                   "medusa: FasterDecoding/Medusa (medusa_lm_head.safetensors)")  # fmt: skip
+    p.add_argument("--out", required=True, help="the folder to write (written whole, then renamed into place)")
+    p.add_argument("--model", default="smollm2-135m", help="the head's target: a folder, registry name or Hub id")
+    p.add_argument("--num-draft", type=_positive_int, default=3, help="speculators: the proposal's draft length")
+    _add_json(p)
+    p.set_defaults(fn=_cmd_export_head)
 
     add_decode_commands(sub, _positive_int, _add_json)
     add_tune_commands(sub, _positive_int, _add_json)

@@ -46,7 +46,7 @@ def _llama_config(c: HeadConfig, **extra) -> dict:
         "head_dim": c.head_dim,
         "num_hidden_layers": 1,
         "hidden_act": "silu",
-        "rms_norm_eps": c.rms_eps,
+        "rms_norm_eps": float(np.format_float_positional(np.float32(c.rms_eps))),
         "rope_theta": c.rope_theta,
         "rope_scaling": rope,
         "vocab_size": c.vocab_size,

@@ -36,7 +36,7 @@ def target(tmp_path_factory):
     folder = tmp_path_factory.mktemp("target")
     reference = write_family(folder, "llama3", num_hidden_layers=L)
     model, _ = jspec.load_model(str(folder))
-    return reference, model
+    return reference, model, folder
 
 
 # ---------------------------------------------------------------------- the formats, written as published
@@ -390,3 +390,32 @@ def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(targe
     save_file({"w": torch.zeros(2)}, str(other / "model.safetensors"))
     with pytest.raises(ValueError, match="unknown draft head layout"):
         load_any_head(other, model)
+
+
+def test_medusa_heads_export_and_load_back_to_the_same_drafts(target, tmp_path):
+    model = target[1]
+    (tmp_path / "src").mkdir()
+    write_published(tmp_path / "src", "medusa1")
+    heads = load_any_head(tmp_path / "src", model)
+    back = load_any_head(export_head(heads, "medusa", tmp_path / "out"), model)
+    drafts = [jspec_first_step(jspec.make_drafter("medusa", model, head=h), model, PROMPT, 0.0) for h in (heads, back)]
+    assert drafts[0][:2] == drafts[1][:2]
+
+
+def test_export_head_command(target, tmp_path):
+    """`jspec export-head` on a head jspec saved: the folder an engine loads, and a clear error for a format
+    the head cannot be stated in."""
+    from flax import nnx
+
+    from jspec.cli import main
+    from jspec.heads import DraftHead, HeadConfig, save_head
+
+    model, folder = target[1], target[2]
+    config = HeadConfig.for_target(model.config, "eagle3", draft_vocab_size=K)
+    head = DraftHead(config, rngs=nnx.Rngs(1))
+    head.attach_target(model, np.arange(K))
+    save_head(head, tmp_path / "head")
+    args = ["export-head", str(tmp_path / "head"), "--model", str(folder), "--out", str(tmp_path / "sp")]
+    assert main([*args, "--format", "speculators", "--json"]) == 0
+    assert detect_format(tmp_path / "sp") == "eagle3-speculators"
+    assert main([*args, "--format", "eagle"]) == 2  # jspec's default layers are not SafeAILab's
