@@ -315,13 +315,16 @@ def _eagle1(folder, cfg: dict, tensors: dict, target) -> DraftHead:
     t = target.config
     facts = _layer_facts(cfg, folder, "eagle1-safeailab")
     w = _Weights(tensors, folder)
+    bias = bool(cfg.get("bias", True))  # SafeAILab's EaModel: the fusion has a bias unless the config says not
+    if bias and "fc.bias" not in w:
+        _refuse(folder, "bias", cfg.get("bias", "absent (True)"), "the fusion's bias is missing from the weights")
     config = HeadConfig(
         kind="eagle1",
         vocab_size=t.vocab_size,
         draft_vocab_size=t.vocab_size,
         feature_layers=(t.num_layers - 1,),
         num_target_layers=t.num_layers,
-        fc_bias="fc.bias" in w,
+        fc_bias=bias,
         qkv_bias=bool(cfg.get("qkv_bias", False)),
         attn_norm="layers.0.input_layernorm.weight" in w,
         logits_norm=False,

@@ -384,6 +384,12 @@ def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(targe
     (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="corrupt or truncated"):
         load_any_head(tmp_path, model)
+    eagle1 = tmp_path / "eagle1"
+    eagle1.mkdir()
+    sd = write_published(eagle1, "eagle1-safeailab")["sd"]
+    torch.save({k: v for k, v in sd.items() if k != "fc.bias"}, eagle1 / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="bias = 'absent \\(True\\)'"):  # SafeAILab's default: a bias
+        load_any_head(eagle1, model)
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["MysteryDrafter"]}))
