@@ -258,10 +258,10 @@ def load_folder(
         )
     tensors = SafetensorsFolder(folder)
     lookup = hf_lookup(tensors, config.family)
-    embed = lookup("embed", None)
-    if embed.shape != (config.vocab_size, config.hidden_size):
+    embed_shape = tensors.shape("model.embed_tokens.weight")  # from the header: the tensor is read once, below
+    if embed_shape != (config.vocab_size, config.hidden_size):
         raise ValueError(
-            f"embedding is {embed.shape}, config.json says vocab {config.vocab_size} x hidden {config.hidden_size}."
+            f"embedding is {embed_shape}, config.json says vocab {config.vocab_size} x hidden {config.hidden_size}."
         )
     model = build_model(config, lookup, layer_loop=layer_loop, dtype=dtype)
     unused = tensors.unused(config.tie_embeddings)

@@ -41,19 +41,36 @@ _GEMMA_LAYER_NAMES = _HF_LAYER_NAMES | {
 INDEX = "model.safetensors.index.json"
 
 
-def _expected_size(path: pathlib.Path) -> int:
-    """The file size a safetensors header promises (8-byte length, JSON header, data); -1 if unreadable."""
+def _header(path: pathlib.Path) -> tuple[int, dict] | None:
+    """(where the data starts, the JSON header) of a safetensors file; None if unreadable."""
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            return -1
+            return None
         n = int.from_bytes(raw, "little")
         try:
-            header = json.loads(f.read(n))
+            return 8 + n, json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError):
-            return -1
+            return None
+
+
+def _expected_size(path: pathlib.Path) -> int:
+    """The file size a safetensors header promises (8-byte length, JSON header, data); -1 if unreadable."""
+    read = _header(path)
+    if read is None:
+        return -1
+    start, header = read
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return 8 + n + max(ends, default=0)
+    return start + max(ends, default=0)
+
+
+def _numpy_dtype(code: str):
+    if code == "BF16":  # numpy has no bfloat16; ml_dtypes (a JAX dependency) does
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                     "U8": "u1", "BOOL": "?"}[code])  # fmt: skip
 
 
 def _shard_files(folder: pathlib.Path) -> tuple[list[pathlib.Path], dict | None]:
@@ -92,7 +109,7 @@ class SafetensorsFolder:
 
         folder = pathlib.Path(folder)
         files, weight_map = _shard_files(folder)
-        self.where, self.used = {}, set()
+        self.where, self.used, self._headers = {}, set(), {}
         for f in files:
             size, expected = f.stat().st_size, _expected_size(f)
             if size != expected:
@@ -121,20 +138,39 @@ class SafetensorsFolder:
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, from its file's header (nothing read)."""
+        if name not in self.where:
+            raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
+        return tuple(self.where[name][1].get_slice(name).get_shape())
+
     def dtype(self, name: str) -> str:
         """The stored dtype ("F32", "BF16", ...)."""
         return self.where[name][1].get_slice(name).get_dtype()
 
     def __getitem__(self, name: str) -> np.ndarray:
+        """The tensor in its stored dtype (bfloat16 too), read straight from the file into memory of its own,
+        64-byte aligned so that JAX on CPU can take the buffer as it is instead of copying it: a loader holds
+        at most the tensor in hand beside what it has placed. (Not a memory map: JAX would use an aligned map
+        in place, and a file rewritten later would change the model's weights under it.)"""
         if name not in self.where:
             raise ValueError(f"missing tensor {name!r}: the weights do not match config.json.")
         self.used.add(name)
-        path, handle = self.where[name]
-        if self.dtype(name) == "BF16":  # numpy has no bfloat16; read it as JAX does (ml_dtypes)
-            from safetensors import safe_open
-
-            return np.asarray(safe_open(str(path), "flax").get_tensor(name))
-        return handle.get_tensor(name)
+        path, _ = self.where[name]
+        if path not in self._headers:
+            self._headers[path] = _header(path)
+        start, header = self._headers[path]
+        entry = header[name]
+        lo, hi = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        raw = np.empty(hi - lo + 64, np.uint8)
+        skip = -raw.ctypes.data % 64
+        buf = raw[skip : skip + hi - lo]
+        with open(path, "rb") as f:
+            f.seek(start + lo)
+            if f.readinto(memoryview(buf)) != hi - lo:
+                raise ValueError(f"{path} ends inside tensor {name!r}; refusing the truncated file.")
+        return buf.view(_numpy_dtype(entry["dtype"])).reshape(shape)
 
     def unused(self, tied: bool) -> list[str]:
         """Tensors never read (RoPE tables that old checkpoints store are not weights)."""

@@ -224,3 +224,26 @@ def test_device_train_head_tiny(tmp_path, monkeypatch):
     (tmp_path / "parts" / "smollm2-135m.gguf.part01").unlink()
     with pytest.raises(SystemExit, match=r"lacks \['smollm2-135m.gguf.part01'\]"):
         script.main([*argv[:5], str(tmp_path / "out2"), *argv[6:]])
+
+
+def test_load_memory_tiny(tmp_path, monkeypatch, capsys):
+    """The sharded random folder loads through jspec's own loader (as the Hub writes one) and the report
+    holds what BENCHMARKS records."""
+    script = _load("load_memory")
+    out = tmp_path / "runs.json"
+    argv = [
+        "load_memory.py",
+        "--shape",
+        "tiny",
+        "--folder",
+        str(tmp_path / "tiny"),
+        "--shard-mb",
+        "0",
+        "--out",
+        str(out),
+    ]
+    monkeypatch.setattr("sys.argv", argv)
+    script.main()
+    (run,) = json.loads(out.read_text())
+    assert run["weights_bytes"] > 0 and run["peak_rss_bytes"] > run["baseline_rss_bytes"]
+    assert len(list((tmp_path / "tiny").glob("model-*.safetensors"))) > 2  # one tensor a shard: sharded
