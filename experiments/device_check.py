@@ -15,7 +15,13 @@ JSON object and written to ``device_check.json``:
 - ``loop_overhead``: the speculative loop's time per target call over the plain loop's per step, with
   prompt lookup on sampled text from random weights, where it (almost) never finds a draft
   (``speculative_verify_steps`` says how often it did): the machinery's own cost;
-- ``batch_tokens_per_s``: plain decoding at batch 1, 2, 4, ..., 64.
+- ``batch_tokens_per_s``: plain decoding at batch 1, 2, 4, ..., 64;
+- ``eagle3`` (``--eagle3``, on by default for llama-3.1-8b and --small): a random EAGLE-3 head of the
+  published shapes (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's: one layer as wide as the target, a 32,000-token
+  draft vocabulary, the target's outputs 1, L/2-1, L-4), the head's cost per step for a chain of 5 and
+  for the paper's dynamic tree (10 children, depth 6, 60 nodes) over a one-token target step (``c``),
+  the verify cost of those widths (``r``), and the speedup the paper's τ would give here:
+  τ / (r(width) + c) (τ 6.13 is the EAGLE-3 paper's MT-bench figure for LLaMA-3.1-8B, T = 0, trees).
 
 Stops starting new measurements when ``--budget`` seconds have passed (the rest are marked skipped), so
 it fits a short device lease. ``--small`` runs tiny shapes on any machine (the tests run it on CPU).
@@ -154,6 +160,12 @@ def measure(name: str, args, budget: Budget) -> dict:
     else:
         out["skipped"].append("r")
 
+    if name in args.eagle3.split(",") or args.small:
+        if budget.left():
+            out["eagle3"] = eagle3_case(model, args.small, out.get("forward_ms"))
+        else:
+            out["skipped"].append("eagle3")
+
     out["batch_tokens_per_s"] = {}
     for b in [1, 2] if args.small else [1, 2, 4, 8, 16, 32, 64]:
         if not budget.left():
@@ -165,11 +177,46 @@ def measure(name: str, args, budget: Budget) -> dict:
     return out
 
 
+PAPER_TAU = 6.13  # EAGLE-3 paper, LLaMA-3.1-8B-Instruct, MT-bench, T = 0 (dynamic trees)
+
+
+def eagle3_case(model, small: bool, forward_ms: dict | None) -> dict:
+    """A random EAGLE-3 head of the published shapes on ``model``: its cost for a chain and for the paper's
+    tree, relative to a one-token step, and the speedup the paper's tau would give at that cost."""
+    import numpy as np
+    from flax import nnx
+
+    import jspec
+    from jspec.heads import DraftHead, HeadConfig
+    from jspec.tune.costs import drafter_cost, forward_cost
+
+    t = model.config
+    L = t.num_layers
+    k = 64 if small else 32_000
+    dtype = model.embed[...].dtype
+    layers = (1, L // 2 - 1, L - 4) if L >= 8 else (0, L // 2, L - 1)  # the published default, or tiny's
+    config = HeadConfig.for_target(t, "eagle3", draft_vocab_size=k, feature_layers=layers)
+    head = DraftHead(config, rngs=nnx.Rngs(1), dtype=dtype)
+    head.attach_target(model, np.arange(k))
+    tree = jspec.DynamicTreeSpec(top_k=4, depth=3, total=8) if small else jspec.DynamicTreeSpec(10, 6, 60)
+    widths = sorted({1, 6, tree.size})
+    ms = forward_cost(model, max(widths), context=64 if small else 256, repeats=3 if small else 7, widths=widths)
+    out = {"draft_vocab": k, "tree": [tree.top_k, tree.depth, tree.total], "forward_ms": ms, "paper_tau": PAPER_TAU}
+    for label, kw, width in [("chain5", {"num_draft": 5}, 6), ("tree", {"tree": tree}, tree.size)]:
+        drafter = jspec.make_drafter("eagle3", model, head=head, **kw)
+        cost = drafter_cost(model, drafter, context=64 if small else 256, repeats=3 if small else 7)
+        c = (cost["propose_ms"] + cost["commit_ms"]) / ms[1]
+        r = ms[width] / ms[1]
+        out[label] = cost | {"c": c, "r": r, "speedup_at_paper_tau": PAPER_TAU / (r + c)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen2.5-1.5b,llama-3.1-8b")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds after which nothing new starts")
     parser.add_argument("--small", action="store_true", help="tiny shapes and few sizes: any machine, seconds")
+    parser.add_argument("--eagle3", default="llama-3.1-8b", help="shapes that also measure an EAGLE-3 head")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     shapes = ["tiny"] if args.small else args.shapes.split(",")

@@ -186,6 +186,9 @@ def test_device_check_small(tmp_path):
     assert tiny["r"][1] == 1.0 and set(tiny["r"]) == {1, 2, 4} and set(tiny["batch_tokens_per_s"]) == {1, 2}
     assert tiny["loop_overhead"] > 0 and tiny["speculative_verify_steps"] <= 2
     assert json.loads((tmp_path / "device_check.json").read_text())["shapes"]["tiny"]["weight_bytes"] > 0
+    for case in ("chain5", "tree"):  # a published-shape EAGLE-3 head's cost and the paper's tau's speedup
+        e = tiny["eagle3"][case]
+        assert e["c"] > 0 and e["r"] >= 0.5 and e["speedup_at_paper_tau"] == pytest.approx(6.13 / (e["r"] + e["c"]))
 
 
 @pytest.mark.slow  # SmolLM2 at batches 1 and 2, about 2 minutes here
