@@ -1,34 +1,12 @@
 """Hugging Face Hub ids, through huggingface_hub's real code, offline: a cache folder laid out as the Hub
 lays it out (``models--ORG--NAME/{blobs,refs,snapshots}``) holding a tiny model written by transformers."""
 
-import hashlib
-import shutil
-
 import numpy as np
 import pytest
-from tiny_hf import write_family
+from tiny_hf import REVISION, lay_out_hub_cache, write_family
 
 import jspec
 from jspec.models.hub import hub_snapshot, parse_hub_id, resolve_model
-
-REVISION = "0123456789abcdef0123456789abcdef01234567"  # a commit hash, as the Hub names snapshots
-
-
-def lay_out_hub_cache(cache, repo_id: str, folder, revision: str = REVISION, refs=("main",)) -> None:
-    """Copies ``folder`` into ``cache`` exactly as huggingface_hub stores a download: each file once under
-    ``blobs/`` by its hash, the snapshot of ``revision`` as relative links to the blobs, ``refs/NAME``
-    holding the commit."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    snap = repo / "snapshots" / revision
-    snap.mkdir(parents=True)
-    for f in sorted(folder.iterdir()):
-        blob = hashlib.sha256(f.read_bytes()).hexdigest()
-        shutil.copyfile(f, repo / "blobs" / blob)
-        (snap / f.name).symlink_to(f"../../blobs/{blob}")
-    (repo / "refs").mkdir(exist_ok=True)
-    for ref in refs:
-        (repo / "refs" / ref).write_text(revision)
 
 
 @pytest.fixture(scope="module")

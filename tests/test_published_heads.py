@@ -425,3 +425,21 @@ def test_export_head_command(target, tmp_path):
     assert main([*args, "--format", "speculators", "--json"]) == 0
     assert detect_format(tmp_path / "sp") == "eagle3-speculators"
     assert main([*args, "--format", "eagle"]) == 2  # jspec's default layers are not SafeAILab's
+
+
+def test_speculator_takes_a_hub_model_and_a_hub_head(target, tmp_path, monkeypatch):
+    """`Speculator("ORG/MODEL", drafter="eagle3", head="ORG/HEAD")`, both from a cache in the Hub's layout
+    (offline), decodes what plain decoding does."""
+    from tiny_hf import lay_out_hub_cache
+
+    head = tmp_path / "head"
+    head.mkdir()
+    write_published(head, "eagle3-specforge")
+    lay_out_hub_cache(tmp_path / "hub", "tiny-org/tiny-llama3", target[2])
+    lay_out_hub_cache(tmp_path / "hub", "tiny-org/tiny-llama3-eagle3", head)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = jspec.Speculator("tiny-org/tiny-llama3", drafter="eagle3", head="tiny-org/tiny-llama3-eagle3", num_draft=3)
+    plain = jspec.Speculator("tiny-org/tiny-llama3", drafter=None)
+    prompt = "w9 w17 w30 w9 w17"
+    assert spec.generate(prompt, max_new_tokens=10).tokens == plain.generate(prompt, max_new_tokens=10).tokens

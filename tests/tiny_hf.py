@@ -1,7 +1,9 @@
 """Tiny random models that transformers writes, in Hugging Face's own folder layout, with a word-level
 tokenizer: the targets of the family-parity, Hub-id and published-head tests."""
 
+import hashlib
 import json
+import shutil
 
 import pytest
 
@@ -58,3 +60,23 @@ def write_family(folder, family: str, noise: float = 0.3, **overrides):
     model.save_pretrained(folder)
     write_tokenizer(folder, GEMMA_TEMPLATE if family == "gemma3" else None)
     return model
+
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"  # a commit hash, as the Hub names snapshots
+
+
+def lay_out_hub_cache(cache, repo_id: str, folder, revision: str = REVISION, refs=("main",)) -> None:
+    """Copies ``folder`` into ``cache`` exactly as huggingface_hub stores a download: each file once under
+    ``blobs/`` by its hash, the snapshot of ``revision`` as relative links to the blobs, ``refs/NAME``
+    holding the commit."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = repo / "snapshots" / revision
+    snap.mkdir(parents=True)
+    for f in sorted(folder.iterdir()):
+        blob = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, repo / "blobs" / blob)
+        (snap / f.name).symlink_to(f"../../blobs/{blob}")
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(revision)
