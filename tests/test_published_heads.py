@@ -364,7 +364,7 @@ def test_a_jspec_head_exported_drafts_the_same_through_the_reference_and_back_in
     assert ref_chain == want[1]
 
 
-def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(target, tmp_path):
+def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(target, tmp_path, monkeypatch):
     model = target[1]
     write_published(tmp_path, "eagle3-specforge")
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -380,6 +380,10 @@ def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(targe
         with pytest.raises(ValueError, match=needle):
             load_any_head(tmp_path, model)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from tiny import tiny_model
+
+    with pytest.raises(ValueError, match="a vocabulary of 64; the target has 97"):  # checked before compiling
+        load_any_head(tmp_path, tiny_model("llama", num_layers=L))
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="corrupt or truncated"):
@@ -390,6 +394,10 @@ def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(targe
     torch.save({k: v for k, v in sd.items() if k != "fc.bias"}, eagle1 / "pytorch_model.bin")
     with pytest.raises(ValueError, match="bias = 'absent \\(True\\)'"):  # SafeAILab's default: a bias
         load_any_head(eagle1, model)
+    with monkeypatch.context() as m:  # a .bin without PyTorch installed: said, not a traceback
+        m.setitem(__import__("sys").modules, "torch", None)
+        with pytest.raises(ValueError, match="PyTorch checkpoint and PyTorch is not installed"):
+            load_any_head(eagle1, model)
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["MysteryDrafter"]}))
