@@ -41,10 +41,10 @@ def stale_cells(nb: dict) -> list[int]:
     ]
 
 
-def test_five_notebooks_one_workflow_each():
+def test_six_notebooks_one_workflow_each():
     names = [p.stem for p in NOTEBOOKS]
-    assert len(names) == 5, names
-    for topic in ("exactness", "real_model", "trees", "training", "tuning"):
+    assert len(names) == 6, names
+    for topic in ("exactness", "real_model", "trees", "training", "tuning", "published_head"):
         assert any(topic in n for n in names), topic
 
 
