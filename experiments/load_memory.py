@@ -6,7 +6,7 @@
 Writes (once, kept in ``--folder``) a folder as transformers lays it out: ``config.json``, bfloat16
 safetensors shards of at most ``--shard-mb`` MB and their ``model.safetensors.index.json``, a word-level
 tokenizer; the weights are random (the loader's memory does not depend on the values). Then loads it in
-a fresh process with ``jspec.load_model`` and reports the peak resident memory (``ru_maxrss``) of that
+a fresh process with ``jspec.load_model`` and reports the peak resident memory (``VmHWM``) of that
 process against the loaded weights' size, the process's resident memory after ``import jax`` (its
 baseline), and the load time. A loader that held every tensor twice would peak near 2x.
 """
@@ -80,19 +80,21 @@ def write_folder(folder: pathlib.Path, shape: dict, shard_mb: int) -> int:
     return count
 
 
+# Peak from /proc/self/status (VmHWM): it starts afresh at exec, where ru_maxrss keeps the parent's peak.
 _CHILD = """
-import json, resource, sys, time
+import json, re, sys, time
 import jax
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):
+    return int(re.search(key + r":\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+base = status("VmRSS")
 import jspec
 t0 = time.perf_counter()
 model, _ = jspec.load_model(sys.argv[1], dtype=sys.argv[2])
 jax.block_until_ready(jax.tree.leaves(jax.tree.map(lambda x: x, __import__("flax").nnx.state(model))))
 seconds = time.perf_counter() - t0
 nbytes = sum(x.nbytes for x in jax.tree.leaves(__import__("flax").nnx.state(model)))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"load_seconds": seconds, "weights_bytes": nbytes, "peak_rss_bytes": peak * 1024,
-                  "baseline_rss_bytes": base * 1024}))
+print(json.dumps({"load_seconds": seconds, "weights_bytes": nbytes, "peak_rss_bytes": status("VmHWM"),
+                  "baseline_rss_bytes": base}))
 """
 
 

@@ -61,7 +61,10 @@ def resolve_head(source) -> pathlib.Path:
         return path
     hub = parse_hub_id(str(source))
     if hub is None:
-        raise ValueError(f"head {str(source)!r} is neither a folder nor a Hub id ORG/NAME[@REVISION].")
+        raise ValueError(
+            f"head {str(source)!r}: no such folder, and not a Hub id ORG/NAME[@REVISION]; pass a head's "
+            "folder or Hub id."
+        )
     return hub_snapshot(*hub, allow_patterns=HEAD_FILES, what="draft head")
 
 

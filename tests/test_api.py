@@ -62,8 +62,11 @@ def test_draft_models_draft_no_dynamic_trees_and_heads_keep_their_kind(target, t
     save_head(_head(target, "eagle1"), tmp_path / "h1")
     with pytest.raises(ValueError, match="eagle1 head"):
         make_drafter("eagle3", target, head=tmp_path / "h1")
-    with pytest.raises(ValueError, match="does not hold a saved head"):
+    with pytest.raises(ValueError, match="nothing': no such folder, and not a Hub id"):
         EagleDrafter.from_head(tmp_path / "nothing", target)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no draft head jspec knows"):
+        EagleDrafter.from_head(tmp_path / "empty", target)
 
 
 def test_one_default_per_knob_for_python_and_the_command_line():

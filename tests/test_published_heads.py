@@ -264,7 +264,7 @@ def _method(fmt):
 
 def parity_gap(fmt, facts, head, target, hidden_layers=None) -> tuple[bool, float]:
     """(same greedy chain, max |draft distribution - reference| at temperature 1) for the first step."""
-    reference, model = target
+    reference, model = target[:2]
     n = 3 if fmt == "medusa1" else N
     drafter = jspec.make_drafter(_method(fmt), model, num_draft=n, head=head)
     if hidden_layers is not None:
