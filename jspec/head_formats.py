@@ -191,7 +191,7 @@ def _feature_layers(ids, target_layers: int, convention: str, folder) -> tuple[i
     layers 2, L//2 and L-3 (SafeAILab's, SGLang's and vLLM's default alike)."""
     L = target_layers
     if ids is None:
-        return (1, L // 2 - 1, L - 4)
+        ids, convention = [2, L // 2, L - 3], "input"
     ids = [int(i) for i in ids]
     out = [i - 1 for i in ids] if convention == "input" else ids
     if any(not 0 <= i < L for i in out):
@@ -209,8 +209,10 @@ def _vocab_ids(w: dict, K: int, V: int, folder) -> np.ndarray:
         if K != V:
             raise ValueError(f"{folder}: a draft vocabulary of {K} < {V} tokens without its d2t map; refusing it.")
         return np.arange(V, dtype=np.int32)
-    ids = np.arange(K, dtype=np.int64) + np.asarray(w["d2t"], np.int64).reshape(-1)
-    if w["d2t"].shape != (K,) or ids.min() < 0 or ids.max() >= V or len(np.unique(ids)) != K:
+    if w["d2t"].shape != (K,):
+        raise ValueError(f"{folder}: d2t has shape {w['d2t'].shape}; the draft vocabulary is {K}. Refusing it.")
+    ids = np.arange(K, dtype=np.int64) + np.asarray(w["d2t"], np.int64)
+    if ids.min() < 0 or ids.max() >= V or len(np.unique(ids)) != K:
         raise ValueError(f"{folder}: d2t does not map {K} draft ids to distinct target ids below {V}; refusing it.")
     if "t2d" in w:
         t2d = np.asarray(w["t2d"]).astype(bool).reshape(-1)
