@@ -4,8 +4,9 @@ conversion) is the real code path.
 
 A driver process registers the tiny model and runs the CLI; ``JSPEC_TEST_PAUSE=stage:n`` makes it stop (and
 say so in a file) the n-th time it reaches a stage's hook, where the test kills it with SIGKILL;
-``JSPEC_TEST_SLOW=stage`` makes it wait there 3 s and go on, to hold the fetch lock while another
-process starts.
+``JSPEC_TEST_SLOW=stage`` makes it wait there 3 s and go on; ``JSPEC_TEST_HOLD=stage`` makes it wait there
+until the file ``JSPEC_TEST_RELEASE`` exists, to hold the fetch lock until another process is seen waiting
+for it (an event, not a time: on a busy machine the other process may take longer than any sleep to start).
 """
 
 import json
@@ -42,6 +43,11 @@ def hook(stage):
         pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
     if slow == stage:
         time.sleep(float(os.environ.get("JSPEC_TEST_SLEEP", "3")))
+    if os.environ.get("JSPEC_TEST_HOLD") == stage and hits[stage] == 1:
+        pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
+        release, deadline = pathlib.Path(os.environ["JSPEC_TEST_RELEASE"]), time.monotonic() + 300
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 def wrap(owner, name, stage, before=False):
     real = getattr(owner, name)
@@ -141,12 +147,20 @@ def test_a_fetch_killed_at_any_stage_finishes_on_the_next_run_keeping_what_was_d
 def test_two_processes_sharing_a_cache_both_succeed_and_one_does_the_work(wheelhouse, tmp_path):
     """A `fetch` and a `generate` of the same model started together (the issue's two shells)."""
     cache = tmp_path / "cache"
-    first = start(wheelhouse, cache, "fetch", NAME, JSPEC_TEST_SLOW="convert")
-    wait_for(tmp_path / "signal", first)  # the first holds the lock, converting
+    release = tmp_path / "release"
+    first = start(wheelhouse, cache, "fetch", NAME, JSPEC_TEST_HOLD="convert", JSPEC_TEST_RELEASE=str(release))
+    wait_for(tmp_path / "signal", first)  # the first holds the lock, converting, until released
     second = start(wheelhouse, cache, "generate", "--model", NAME, "--prompt", "the", "--max-new-tokens", "4",
                    "--json")  # fmt: skip
+    seen = []  # the second's stderr up to its word that it waits: then the first may let go
+    while not any("waiting for another jspec process" in line for line in seen):
+        line = second.stderr.readline()
+        assert line or second.poll() is None, f"the second process ended without waiting: {''.join(seen)}"
+        seen.append(line)
+    release.write_text("go")
     _, err1 = finish(first)
     out2, err2 = finish(second)
+    err2 = "".join(seen) + err2
     assert "converting" in err1 and "converting" not in err2
     assert "waiting for another jspec process" in err2
     assert len(json.loads(out2)["tokens"]) == 4
