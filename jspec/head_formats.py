@@ -118,8 +118,9 @@ def _config(folder: pathlib.Path) -> dict:
     return cfg
 
 
-def detect_format(folder) -> str:
-    """One of :data:`FORMATS`, read from the folder's files; an unknown layout is refused by name."""
+def detect_format(folder, tensors: dict | None = None) -> str:
+    """One of :data:`FORMATS`, read from the folder's files (``tensors``: its weights when already read, so
+    that a ``.bin`` is not loaded twice); an unknown layout is refused by name."""
     folder = pathlib.Path(folder)
     if (folder / HEAD_META).exists() or (folder / MEDUSA_META).exists():
         return "jspec"
@@ -134,10 +135,12 @@ def detect_format(folder) -> str:
     if not cfg:
         files = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
         raise ValueError(f"{folder} holds no draft head jspec knows ({files}); it reads {', '.join(FORMATS)}.")
-    if (folder / "pytorch_model.bin").exists():
+    if tensors is not None:
+        names = set(tensors)
+    elif (folder / "pytorch_model.bin").exists():
         names = set(_read_torch(folder / "pytorch_model.bin"))
     else:
-        names = set(SafetensorsFolder(folder).where)
+        names = set(SafetensorsFolder(folder).where)  # the headers only
     if any(n.startswith("midlayer.") for n in names):
         return "eagle3-safeailab" if (folder / "pytorch_model.bin").exists() else "eagle3-specforge"
     if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
@@ -382,9 +385,7 @@ def check_against_target(config: HeadConfig, target, folder) -> None:
         )
 
 
-def _medusa1(folder, cfg: dict, target) -> MedusaHeads:
-    path = folder / "medusa_lm_head.pt"
-    tensors = _read_torch(path) if path.exists() else _read_weights(folder)
+def _medusa1(folder, cfg: dict, tensors: dict, target) -> MedusaHeads:
     layers = int(cfg.get("medusa_num_layers", 1))
     if layers != 1:
         _refuse(folder, "medusa_num_layers", layers, "jspec's Medusa heads have one residual block each")
@@ -408,13 +409,15 @@ def load_any_head(source, target) -> DraftHead | MedusaHeads:
     """An EAGLE head or Medusa heads from a folder or Hub id in any of :data:`FORMATS`, attached to ``target``
     and checked against it before anything compiles."""
     folder = resolve_head(source)
-    fmt = detect_format(folder)
-    if fmt == "jspec":
+    if (folder / HEAD_META).exists() or (folder / MEDUSA_META).exists():
         return load_head(folder, target) if (folder / HEAD_META).exists() else load_medusa(folder, target)
     cfg = _config(folder)
+    if not cfg:
+        detect_format(folder)  # from the file names alone: refuses a folder that holds no head, before reading
+    tensors = _read_weights(folder)  # read once: detection and loading share it
+    fmt = detect_format(folder, tensors)
     if fmt == "medusa1":
-        return _medusa1(folder, cfg, target)
-    tensors = _read_weights(folder)
+        return _medusa1(folder, cfg, tensors, target)
     if fmt == "eagle1-safeailab":
         return _eagle1(folder, cfg, tensors, target)
     return _eagle3(folder, fmt, cfg, tensors, target)

@@ -26,7 +26,7 @@ import zipfile
 
 from jspec.files import atomic_write, clear_stale_temporaries, exclusive, publish
 from jspec.models.loading import MANIFEST, convert_gguf, load_folder, progress
-from jspec.models.registry import ModelSource, get_source
+from jspec.models.registry import MODELS, ModelSource, get_source
 
 __all__ = [
     "cache_root",
@@ -258,8 +258,6 @@ def resolve_model(name_or_path: str) -> pathlib.Path:
     path = pathlib.Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    from jspec.models.registry import MODELS
-
     if name_or_path in MODELS:
         return fetch(name_or_path)
     hub = parse_hub_id(name_or_path)

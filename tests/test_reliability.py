@@ -4,9 +4,11 @@ conversion) is the real code path.
 
 A driver process registers the tiny model and runs the CLI; ``JSPEC_TEST_PAUSE=stage:n`` makes it stop (and
 say so in a file) the n-th time it reaches a stage's hook, where the test kills it with SIGKILL;
-``JSPEC_TEST_SLOW=stage`` makes it wait there 3 s and go on; ``JSPEC_TEST_HOLD=stage`` makes it wait there
-until the file ``JSPEC_TEST_RELEASE`` exists, to hold the fetch lock until another process is seen waiting
-for it (an event, not a time: on a busy machine the other process may take longer than any sleep to start).
+``JSPEC_TEST_SLOW=stage`` makes it wait there 3 s (``JSPEC_TEST_SLEEP``) each time and go on, saying so at the
+``JSPEC_TEST_SIGNAL_AT``-th time (default the first); ``JSPEC_TEST_HOLD=stage`` makes it block there on the
+named pipe ``JSPEC_TEST_RELEASE`` until the test opens it, to hold the fetch lock until another process is
+seen waiting for it (an event, not a time: on a busy machine the other process may take longer than any
+sleep to start).
 """
 
 import json
@@ -39,15 +41,14 @@ def hook(stage):
     if pause == f"{{stage}}:{{hits[stage]}}":
         pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
         time.sleep(120)
-    if slow == stage and hits[stage] == 1:
+    if slow == stage and hits[stage] == int(os.environ.get("JSPEC_TEST_SIGNAL_AT", "1")):
         pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
     if slow == stage:
         time.sleep(float(os.environ.get("JSPEC_TEST_SLEEP", "3")))
     if os.environ.get("JSPEC_TEST_HOLD") == stage and hits[stage] == 1:
         pathlib.Path(os.environ["JSPEC_TEST_SIGNAL"]).write_text(stage)
-        release, deadline = pathlib.Path(os.environ["JSPEC_TEST_RELEASE"]), time.monotonic() + 300
-        while not release.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with open(os.environ["JSPEC_TEST_RELEASE"]) as fifo:  # blocks until the test opens the pipe, then EOF
+            fifo.read()
 
 def wrap(owner, name, stage, before=False):
     real = getattr(owner, name)
@@ -148,6 +149,7 @@ def test_two_processes_sharing_a_cache_both_succeed_and_one_does_the_work(wheelh
     """A `fetch` and a `generate` of the same model started together (the issue's two shells)."""
     cache = tmp_path / "cache"
     release = tmp_path / "release"
+    os.mkfifo(release)
     first = start(wheelhouse, cache, "fetch", NAME, JSPEC_TEST_HOLD="convert", JSPEC_TEST_RELEASE=str(release))
     wait_for(tmp_path / "signal", first)  # the first holds the lock, converting, until released
     second = start(wheelhouse, cache, "generate", "--model", NAME, "--prompt", "the", "--max-new-tokens", "4",
@@ -157,7 +159,8 @@ def test_two_processes_sharing_a_cache_both_succeed_and_one_does_the_work(wheelh
         line = second.stderr.readline()
         assert line or second.poll() is None, f"the second process ended without waiting: {''.join(seen)}"
         seen.append(line)
-    release.write_text("go")
+    with open(release, "w"):  # the first, blocked on the pipe's other end, goes on when it closes
+        pass
     _, err1 = finish(first)
     out2, err2 = finish(second)
     err2 = "".join(seen) + err2
@@ -314,9 +317,9 @@ def test_ctrl_c_during_generation_ends_at_once_with_one_line_exit_130_and_the_te
     finish(start(wheelhouse, cache, "fetch", NAME))
     json_flag = ["--json"] if mode == "json" else []
     proc = start(wheelhouse, cache, "generate", "--model", NAME, "--prompt", "the", "--max-new-tokens", "200",
-                 "--temperature", "1", *json_flag, JSPEC_TEST_SLOW="decode_step", JSPEC_TEST_SLEEP="0.2")  # fmt: skip
-    wait_for(tmp_path / "signal", proc)
-    time.sleep(1.0)  # a few steps in
+                 "--temperature", "1", *json_flag, JSPEC_TEST_SLOW="decode_step", JSPEC_TEST_SLEEP="0.2",
+                 JSPEC_TEST_SIGNAL_AT="5")  # fmt: skip
+    wait_for(tmp_path / "signal", proc)  # five steps in
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
