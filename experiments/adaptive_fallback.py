@@ -1,14 +1,19 @@
 """The adaptive engine against fixed speculation and plain decoding, on the real model, interleaved.
 
     python experiments/adaptive_fallback.py [--prompts mt-bench,humaneval] [--limit 3] [--max-new-tokens 96]
-        [--temperatures 0] [--num-draft 5] [--widths 2,3,4] [--skip-forced] [--out experiments/out] [--tiny]
+        [--temperatures 0] [--num-draft 5] [--widths 2,3,4] [--skip-forced] [--forced-off] [--out experiments/out]
+        [--tiny]
 
 For each prompt set and temperature, every decoder runs every prompt at batch 1, taking turns
 prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding; prompt lookup and the
 shipped EAGLE-3 head with N drafts every step (fixed); the same drafters with the adaptive policy
 and the step costs of this machine's cost profile (:mod:`jspec.tune`, measured or reused); and,
 for the overhead of the adaptive machinery, the same with speculation made free (it then
-speculates every step, like the fixed loop, and differs only by its bookkeeping). With
+speculates every step, like the fixed loop, and differs only by its bookkeeping). ``--forced-off`` adds
+the opposite: speculation made so dear that the loop never speculates nor probes (every step is the
+fallback: what falling back costs against plain decoding, and against fixed prompt lookup on
+prompts where it finds no match). Every speedup carries a 95% interval, paired over the prompts
+(:func:`jspec.bench.speedup_interval`). With
 ``--widths``, the EAGLE-3 head also runs with an adaptive draft length (the chain verified at one
 of those widths or the full N + 1 per step, from the head's confidence and the measured r(w)),
 beside fixed chains as long as each width.
@@ -34,13 +39,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-draft", type=int, default=5)
     parser.add_argument("--widths", default="", help="adaptive draft length for EAGLE-3: verify widths, e.g. 2,3,4")
     parser.add_argument("--skip-forced", action="store_true", help="leave out the forced-on (overhead) decoders")
+    parser.add_argument("--forced-off", action="store_true", help="add the adaptive loops that never speculate")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 
     from jspec.adaptive import Adaptive, StepCosts
     from jspec.batching import enable_compilation_cache
-    from jspec.bench import run_interleaved
+    from jspec.bench import run_interleaved, speedup_interval
     from jspec.decode import Decoder
     from jspec.drafters import make_drafter
     from jspec.engine import SpeculativeDecoder
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"the cost profile lacks {sorted(wanted - set(profile.drafters))}: jspec tune profile first")
     costs = {m: StepCosts.from_profile(profile, names[m], n + 1) for m in drafters}
     free = StepCosts.create(speculative=1e-3)
+    dear, never = StepCosts.create(speculative=1e9), Adaptive(probe_every=2**30, max_probe_every=2**30)
 
     decoders = {"plain": Decoder(model, eos_ids=eos)}
     for method, drafter in drafters.items():
@@ -82,6 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.skip_forced:
             decoders[f"{method} adaptive, forced on"] = SpeculativeDecoder(model, drafter, eos_ids=eos,
                                                                            adaptive=Adaptive(), costs=free)  # fmt: skip
+        if args.forced_off:
+            decoders[f"{method} adaptive, forced off"] = SpeculativeDecoder(model, drafter, eos_ids=eos,
+                                                                            adaptive=never, costs=dear)  # fmt: skip
     if widths and "eagle3" in drafters:
         head = drafters["eagle3"]
         for w in widths:
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
             model, head, eos_ids=eos, adaptive=Adaptive(widths=widths), costs=length
         )
 
-    results = {}
+    results, over_fixed = {}, {}  # over_fixed: the forced-off loop's speed over fixed speculation's
     for name in args.prompts.split(","):
         prompts = load_prompts(name, None, args.limit)
         ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
             base = runs["plain"]["tokens_per_s"]
             for key, entry in runs.items():
                 entry["speedup"] = entry["tokens_per_s"] / base
+                entry["speedup_interval"] = list(speedup_interval(entry, runs["plain"]))
                 results[f"{name}|T={t}|{key}"] = entry
                 extra = (
                     f", fallback {entry['fallback_steps']} / verify {entry['verify_steps']}, "
@@ -109,8 +120,18 @@ def main(argv: list[str] | None = None) -> dict:
                     if "tau" in entry and key != "plain"
                     else ""
                 )
-                print(f"  {name} T={t} {key:<26} {entry['tokens_per_s']:7.2f} tokens/s  {entry['speedup']:.3f}x  "
-                      f"tau {entry['tau']:.2f}{extra}", file=sys.stderr)  # fmt: skip
+                lo, hi = entry["speedup_interval"]
+                print(f"  {name} T={t} {key:<27} {entry['tokens_per_s']:7.2f} tokens/s  {entry['speedup']:.3f}x "
+                      f"({lo:.3f}-{hi:.3f})  tau {entry['tau']:.2f}{extra}", file=sys.stderr)  # fmt: skip
+            for method in drafters:
+                off, fixed = runs.get(f"{method} adaptive, forced off"), runs[f"{method} fixed"]
+                if off is not None:
+                    lo, hi = speedup_interval(off, fixed)
+                    ratio = off["tokens_per_s"] / fixed["tokens_per_s"]
+                    over_fixed[f"{name}|T={t}|{method}"] = {"ratio": ratio, "interval": [lo, hi]}
+                    print(f"  {name} T={t} {method} forced off / fixed: {ratio:.3f}x ({lo:.3f}-{hi:.3f}); fixed "
+                          f"drafted in {fixed['verify_steps']} of {fixed['verify_steps'] + fixed['plain_steps']} steps",
+                          file=sys.stderr)  # fmt: skip
     report = {
         "model": args.model,
         "num_draft": n,
@@ -118,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         "profile": {"path": str(path), "step_ms": profile.step_ms, "relative_forward": {k: profile.relative_forward(k)
                     for k in sorted(profile.forward_ms)}, "costs": {m: c.speculative.item() for m, c in costs.items()}},
         "results": results,
+        "forced_off_over_fixed": over_fixed,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "adaptive_fallback.json").write_text(json.dumps(report, indent=1))

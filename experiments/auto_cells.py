@@ -2,18 +2,21 @@
 
     python experiments/auto_cells.py [--model smollm2-135m] [--draft-model NAME]
         [--workloads mt-bench,humaneval,spec-bench:summarization,spec-bench:rag,spec-bench:math_reasoning]
-        [--temperatures 0,1] [--tune-skip 8] [--tune-limit 4] [--limit 3] [--max-new-tokens 96] [--batch 1]
-        [--num-draft 1,2,3,4,5,6,7]
-        [--out experiments/out] [--tiny]
+        [--temperatures 0,1] [--tune-skip 8] [--tune-limit 4] [--tune-quick] [--limit 3] [--max-new-tokens 96]
+        [--batch 1] [--num-draft 1,2,3,4,5,6,7] [--out experiments/out] [--tiny]
 
 For each workload: ``jspec tune`` on a slice of its prompts (``--tune-skip`` on, ``--tune-limit``
 prompts), then, on the first ``--limit`` prompts (never tuned on), every decoder runs every prompt,
 taking turns prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding, fixed settings
 (prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and dynamic tree, the draft
 model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the tuned config.
-Reports per cell (workload x temperature): auto over plain, auto over the best fixed setting,
-whether the tuner's predicted best is among the two fastest measured, and the tuner's predicted
-against measured speedups. Writes ``auto_cells.json`` and ``auto_cells.png`` to --out.
+Reports per cell (workload x temperature): auto over plain with its 95% interval (a paired
+bootstrap over the prompts, :func:`jspec.bench.speedup_interval`), auto over the best fixed
+setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
+predicted against measured speedups; and the goals over all cells: auto never measurably slower
+than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean
+in at least 80% of the cells. ``--tune-quick`` tunes with ``jspec tune --quick`` (its own prompt
+count and length). Writes ``auto_cells.json`` and ``auto_cells.png`` to --out.
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ from contextlib import redirect_stdout
 def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.Path) -> dict:
     from jspec.cli import main as cli
 
-    argv = ["tune", "--model", args.model, "--prompts", prompts, "--skip", str(args.tune_skip), "--limit",
-            str(args.tune_limit), "--max-new-tokens", str(args.max_new_tokens), "--temperature", args.temperatures,
-            "--batch", str(args.batch), "--out", str(out), "--json"]  # fmt: skip
+    argv = ["tune", "--model", args.model, "--prompts", prompts, "--skip", str(args.tune_skip),
+            "--temperature", args.temperatures, "--batch", str(args.batch), "--out", str(out), "--json"]  # fmt: skip
+    if args.tune_quick:
+        argv += ["--quick"]
+    else:
+        argv += ["--limit", str(args.tune_limit), "--max-new-tokens", str(args.max_new_tokens)]
     argv += ["--category", category] if category else []
     argv += ["--draft-model", args.draft_model] if args.draft_model else []
     argv += ["--num-draft", "1,2,3", "--methods", "ngram"] if args.tiny else []
     argv += ["--num-draft", args.num_draft] if args.num_draft and not args.tiny else []
+    argv += ["--limit", "2", "--max-new-tokens", "12"] if args.tiny and args.tune_quick else []
     buf = io.StringIO()
     with redirect_stdout(buf):
         rc = cli(argv)
@@ -55,6 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--tune-skip", type=int, default=8)
     parser.add_argument("--tune-limit", type=int, default=4)
+    parser.add_argument("--tune-quick", action="store_true", help="tune with jspec tune --quick")
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=1)
@@ -70,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from jspec.api import make_decoder
     from jspec.batching import enable_compilation_cache
-    from jspec.bench import run_interleaved
+    from jspec.bench import run_interleaved, speedup_interval
     from jspec.models.hub import load_model, shipped_head
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
@@ -137,11 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
             rec = config.choose(t, args.batch)
             pred_errors = [r["measured_speedup"] / r["predicted_speedup"] - 1 for r in rows
                            if "measured_speedup" in r and r["name"] != "ar"]  # fmt: skip
+            intervals = {name: list(speedup_interval(e, runs["ar"])) for name, e in runs.items()}
             cell = {
                 "workload": workload, "temperature": t, "batch": args.batch, "prompts": len(ids),
                 "auto_ran": runs["auto"].get("setting"), "recommended": rec.setting.name,
-                "speedup": speed, "tau": {n: e["tau"] for n, e in runs.items()},
-                "auto_over_plain": speed["auto"], "best_fixed": best_fixed,
+                "speedup": speed, "speedup_interval": intervals, "tau": {n: e["tau"] for n, e in runs.items()},
+                "auto_over_plain": speed["auto"], "auto_over_plain_interval": intervals["auto"],
+                "best_fixed": best_fixed,
                 "auto_over_best_fixed": speed["auto"] / max(speed[best_fixed], 1.0),
                 "predicted_best": predicted_best, "predicted_best_in_two_fastest": predicted_best in two_fastest,
                 "tune_prediction_errors": pred_errors, "compile_seconds": {n: e["compile_seconds"] for n, e in
@@ -149,12 +159,21 @@ def main(argv: list[str] | None = None) -> dict:
             }  # fmt: skip
             cells.append(cell)
             (args.out / "auto_cells.json").write_text(json.dumps({"cells": cells, "partial": True}, indent=1))
-            print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain (ran {cell['auto_ran']}), best fixed "
-                  f"{best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "
+            lo, hi = intervals["auto"]
+            print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain ({lo:.3f}-{hi:.3f}; ran {cell['auto_ran']}), "
+                  f"best fixed {best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "
                   f"{'in' if cell['predicted_best_in_two_fastest'] else 'NOT in'} the two fastest; "
                   f"tune errors {', '.join(f'{e:+.0%}' for e in pred_errors)}", file=sys.stderr)  # fmt: skip
+    never_slower = [c["auto_over_plain_interval"][1] >= 1.0 for c in cells]
+    near_best = [c["auto_over_best_fixed"] >= 0.95 for c in cells]
+    goals = {"never_measurably_slower": all(never_slower), "cells": len(cells),
+             "cells_never_slower": sum(never_slower), "cells_within_5pct_of_best_fixed": sum(near_best),
+             "within_5pct_in_80pct_of_cells": sum(near_best) >= 0.8 * len(cells)}  # fmt: skip
+    print(f"goals: auto's interval reaches 1.0 in {sum(never_slower)} of {len(cells)} cells; within 5% of the best "
+          f"fixed setting in {sum(near_best)} of {len(cells)}", file=sys.stderr)  # fmt: skip
     report = {"model": args.model, "draft_model": args.draft_model, "max_new_tokens": args.max_new_tokens,
-              "tune": tuned_runs, "cells": cells}  # fmt: skip
+              "limit": args.limit, "tune_quick": args.tune_quick, "tune": tuned_runs, "cells": cells,
+              "goals": goals}  # fmt: skip
     (args.out / "auto_cells.json").write_text(json.dumps(report, indent=1))
     _plot(cells, args.out / "auto_cells.png", args.model)
     return report
@@ -179,7 +198,10 @@ def _plot(cells, path, model) -> None:
     x = range(len(cells))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cells)), 4))
     ax.bar([i - 0.2 for i in x], [c["speedup"][c["best_fixed"]] for c in cells], 0.4, label="best fixed setting")
-    ax.bar([i + 0.2 for i in x], [c["auto_over_plain"] for c in cells], 0.4, label="auto")
+    autos = [c["auto_over_plain"] for c in cells]
+    spans = [[a - c.get("auto_over_plain_interval", (a, a))[0] for a, c in zip(autos, cells, strict=True)],
+             [c.get("auto_over_plain_interval", (a, a))[1] - a for a, c in zip(autos, cells, strict=True)]]  # fmt: skip
+    ax.bar([i + 0.2 for i in x], autos, 0.4, yerr=spans, capsize=3, label="auto (95% interval)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.97, color="r", lw=0.6, ls="--", label="0.97x plain (goal floor)")
     ax.set_xticks(list(x), labels, fontsize=7)

@@ -77,8 +77,8 @@ def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dic
 
 def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int = 256, max_new: int = 160) -> dict:
     """Seconds to decode one batch of training prompts with each cache size (greedy, same tokens)."""
-    from jspec.batching import LoopConfig, batch_inputs, compile_once
-    from jspec.decode import PlainLoop, decode_loop
+    from jspec.batching import LoopConfig, batch_inputs, compile_loop, drive
+    from jspec.decode import PlainLoop, plain_loop
     from jspec.sampling import SamplingParams
     from jspec.training.data import fitting_prompts, stdlib_prompts
 
@@ -94,9 +94,10 @@ def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int =
     args = (state, *batch[:3], SamplingParams.greedy(), jax.random.PRNGKey(0))
     for i in range(repeats + 1):  # round 0 compiles
         for name, config in configs.items():
-            run, _ = compile_once(compiled, name, decode_loop, (PlainLoop(graphdef, config), *args))
+            run, _ = compile_loop(compiled, name, plain_loop, (PlainLoop(graphdef, config), *args))
             t0 = time.perf_counter()
-            tokens, _, _ = jax.block_until_ready(run(*args))
+            final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k))  # noqa: B023
+            tokens = jax.block_until_ready(final.tokens)
             if i:
                 seconds[name].append(time.perf_counter() - t0)
             outputs[name] = np.asarray(tokens)

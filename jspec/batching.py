@@ -9,11 +9,14 @@ bucket; per-row lengths, budgets, temperatures and keys are arrays.
 from __future__ import annotations
 
 import collections
-import contextlib
+import concurrent.futures
 import dataclasses
 import os
-import threading
+import pathlib
+import sys
+import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -24,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jspec.sampling import SamplingParams
-from jspec.sharding import padded_rows, replicate, shard_rows
+from jspec.sharding import padded_rows, replicate, shard_rows, to_host
 
 __all__ = [
     "Batch",
@@ -33,12 +36,12 @@ __all__ = [
     "batch_inputs",
     "bucket",
     "cache_slots",
-    "compile_once",
-    "listening",
+    "compile_loop",
+    "drive",
     "loops_compiled",
     "max_compiled",
     "pad_prompts",
-    "streamed",
+    "run_steps",
     "validate_prompts",
 ]
 
@@ -61,49 +64,70 @@ class LoopConfig:
       eos_ids: token ids that end a row.
       cache_len: KV cache slots for prompts and budget; default P + M. Every step attends
         over all of them, so a tighter cache is a faster step (:func:`cache_slots`).
-      stream: each loop step ends with an ordered host callback that hands the tokens so far
-        to the listener of :func:`listening` (a program of its own; without it nothing leaves
-        the device until the loop ends).
     """
 
     prompt_len: int
     max_new: int
     eos_ids: tuple[int, ...] = ()
     cache_len: int | None = None
-    stream: bool = False
 
     def capacity(self, width: int = 0) -> int:
         """Cache slots: the prompts, their budget and one forward of ``width`` tokens past them."""
         return (self.cache_len or self.prompt_len + self.max_new) + width
 
 
-_LISTENER: list = [None, None]  # the streaming call's on_tokens and the counts it saw last; one call at a time
-_LISTENING = threading.Lock()
+ALL_STEPS = 2**31 - 1  # a ``steps`` that runs a loop to its end
 
 
-def _emit(tokens, counts) -> None:
-    listener, seen = _LISTENER
-    counts = np.asarray(counts)
-    if listener is not None and (seen is None or not np.any(counts < seen)):  # a late call of an earlier step: dropped
-        _LISTENER[1] = counts
-        listener(np.asarray(tokens), counts)
+class View(NamedTuple):
+    """What leaves the device between a resumed loop's segments: every row's tokens so far, how
+    many are valid, and whether it has finished."""
+
+    tokens: jax.Array  # int32[B, C]
+    counts: jax.Array  # int32[B]
+    done: jax.Array  # bool[B]
 
 
-def streamed(body: Callable, config: LoopConfig, view: Callable) -> Callable:
-    """A while-loop body that, when ``config.stream``, ends with a host callback of ``view(state)`` =
-    (tokens int32[B, C], counts int32[B]); otherwise ``body`` itself. The callbacks are ordered on
-    one device; over a mesh (where JAX orders none) one arriving after a later step's is dropped."""
-    if not config.stream:
-        return body
-    mesh = jax.sharding.get_abstract_mesh()
-    ordered = mesh.empty or mesh.size == 1
+def run_steps(cond: Callable, body: Callable, state, steps, view: Callable):
+    """At most ``steps`` more iterations of ``lax.while_loop(cond, body, state)``: (state, ``view(state)``).
 
-    def body_then_emit(state):
-        state = body(state)
-        jax.debug.callback(_emit, *view(state), ordered=ordered)
-        return state
+    Every generation loop is two programs: ``start`` (prefill; it returns the first state) and this
+    one, which resumes from any state. Neither holds a host callback, so both are kept by JAX's
+    persistent compilation cache (a program with a callback never is), and a listener sees the
+    tokens between segments (:func:`drive`).
+    """
 
-    return body_then_emit
+    def more(carry):
+        s, i = carry
+        return cond(s) & (i < steps)
+
+    def step(carry):
+        s, i = carry
+        return body(s), i + 1
+
+    state, _ = jax.lax.while_loop(more, step, (state, jnp.int32(0)))
+    return state, View(*view(state))
+
+
+def drive(start: Callable, resume: Callable, on_tokens: Callable | None = None):
+    """Runs a loop compiled as ``start() -> (state, view)`` and ``resume(state, steps) -> (state, view)``
+    (the state donated) to its end; returns the final state.
+
+    Without a listener it is one ``resume`` to the end: the whole loop in one ``lax.while_loop``.
+    With one, a segment of one step is always queued before the previous one's view is read, so the
+    device never waits for ``on_tokens(tokens, counts)`` (numpy: every row's tokens so far and how
+    many are valid), which sees the prefill's first token and then every step's.
+    """
+    state, seen = start()
+    if on_tokens is None:
+        return resume(state, np.int32(ALL_STEPS))[0]
+    while True:
+        nxt, upcoming = resume(state, np.int32(1))  # queued before `seen` is read
+        tokens, counts, done = to_host(seen)
+        on_tokens(tokens, counts)
+        if done.all():
+            return nxt  # the queued segment ran no step
+        state, seen = nxt, upcoming
 
 
 def check_listener(on_tokens: Callable | None, mesh: Mesh | None) -> None:
@@ -114,22 +138,6 @@ def check_listener(on_tokens: Callable | None, mesh: Mesh | None) -> None:
     if mesh is not None and mesh.is_multi_process:
         raise ValueError("on_tokens streams to one process; a mesh over several processes returns the tokens at "
                          "the end: pass on_tokens=None.")  # fmt: skip
-
-
-@contextlib.contextmanager
-def listening(on_tokens: Callable | None):
-    """Routes a streamed loop's callbacks to ``on_tokens(tokens, counts)`` (numpy arrays: every
-    row's tokens so far and how many are valid) until every callback has run."""
-    if on_tokens is None:
-        yield
-        return
-    with _LISTENING:
-        _LISTENER[:] = [on_tokens, None]
-        try:
-            yield
-            jax.effects_barrier()
-        finally:
-            _LISTENER[:] = [None, None]
 
 
 def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_tokens: int) -> int:
@@ -170,16 +178,43 @@ def max_compiled() -> int:
     return int(value)
 
 
-def compile_once(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = None) -> tuple[object, float]:
-    """The compiled executable for ``key`` (compiling ahead of time on first use) and the seconds it took.
+class Programs(NamedTuple):
+    """A loop's two compiled programs (:func:`run_steps`): ``start`` and ``resume``."""
+
+    start: object
+    resume: object
+
+
+def _compile_both(jitted, args, mesh: Mesh | None) -> Programs:
+    """Lowers both programs, then compiles them at once in two threads (XLA releases the GIL): on
+    CPU-2 SmolLM2's plain loop compiled in 8.0-8.2 s one after the other and 7.3-7.5 s side by
+    side, prompt lookup's in 12.2-12.6 s and 10.1-10.7 s (alternated, 2026-12-03). Over a mesh the
+    resume takes the shardings the start's compilation chose, so it waits for it."""
+    steps = jax.ShapeDtypeStruct((), jnp.int32)
+    if mesh is not None:
+        with jax.set_mesh(mesh):
+            start = jitted.lower(*args, None, None).compile()
+            return Programs(start, jitted.lower(*args, start.out_info[0], steps).compile())
+    lowered = jitted.lower(*args, None, None)
+    state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), lowered.out_info[0])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        start = pool.submit(lowered.compile)
+        resume = jitted.lower(*args, state, steps).compile()
+        return Programs(start.result(), resume)
+
+
+def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = None) -> tuple[Programs, float]:
+    """The compiled programs of the loop ``jitted(*args, state, steps)`` for ``key`` (compiling ahead
+    of time on first use) and the seconds it took: the start (``state=None``), and the resume,
+    lowered for the shapes and placements of the start's state, which it takes donated.
 
     Compiling before the run keeps compilation out of the timed loop; with a ``mesh`` it is
     compiled for it (what :func:`jspec.sharding.constrain` reads).
     """
     t0 = time.perf_counter()
     if key not in cache:
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-            cache[key] = jitted.lower(*args).compile()
+        enable_compilation_cache()
+        cache[key] = _compile_both(jitted, args, mesh)
         _COMPILED[0] += 1
     # Hashing a loop's key walks the model's graph (~1 ms for SmolLM2): once here, never per entry.
     ident = (id(cache), hash(key))
@@ -197,7 +232,7 @@ def compile_once(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = No
 
 
 def loops_compiled() -> int:
-    """How many loops this process has compiled (every decoder, every miss of :func:`compile_once`)."""
+    """How many loops this process has compiled (every decoder, every miss of :func:`compile_loop`)."""
     return _COMPILED[0]
 
 
@@ -272,8 +307,8 @@ class Batch(NamedTuple):
         """Rows in the arrays: the prompts and any filler rows for an even split over a mesh."""
         return self.padded.shape[0]
 
-    def config(self, eos_ids: tuple[int, ...], stream: bool = False) -> LoopConfig:
-        return LoopConfig(self.prompt_len, self.max_new, tuple(eos_ids), self.cache_len, stream)
+    def config(self, eos_ids: tuple[int, ...]) -> LoopConfig:
+        return LoopConfig(self.prompt_len, self.max_new, tuple(eos_ids), self.cache_len)
 
     def arrays(self) -> tuple:
         """What a compiled loop takes besides the weights: prompts, lengths, budgets, sampling, key."""
@@ -316,17 +351,62 @@ def batch_inputs(
     return Batch(padded, lengths, budget, prompt_len, new_len, slots, sampling, key)
 
 
-def enable_compilation_cache() -> None:
-    """Keeps compiled programs on disk under ``$JSPEC_CACHE/xla``, so a second run skips most compilation.
+_CACHE_CHECKED = [False]
+CACHE_BYTES = 2 * 1024**3  # the compilation cache's cap (a SmolLM2 loop's two programs: ~TODO MB)
+_OFF = ("0", "off", "false", "no")
 
-    ``JSPEC_XLA_CACHE=0`` turns it off (the test suite does, so that what a test compiles
-    never depends on what earlier runs left on disk).
+
+def enable_compilation_cache(force: bool = False) -> pathlib.Path | None:
+    """Keeps compiled loops on disk, so that a second process finds them instead of compiling again
+    (a warm ``jspec generate`` compiles SmolLM2's loops in ~2-5 s instead of 10-20 s on CPU-2).
+
+    On by default: every loop's first compilation calls it (once per process). The folder is
+    ``$JSPEC_CACHE/xla``; ``JSPEC_XLA_CACHE`` set to a folder uses that one, and to ``0`` turns the
+    cache off (the test suite does, so that what a test compiles never depends on earlier runs). A
+    folder chosen with ``jax.config.update("jax_compilation_cache_dir", ...)`` before is kept.
+    A folder that cannot be written is skipped with a one-line warning; an unreadable or foreign
+    entry is compiled afresh (JAX checks every entry's key) with a one-line warning. Returns the
+    folder in use, or None. The folder is capped at :data:`CACHE_BYTES`.
     """
-    import jax
-
+    if _CACHE_CHECKED[0] and not force:
+        current = jax.config.jax_compilation_cache_dir
+        return pathlib.Path(current) if current else None
+    _CACHE_CHECKED[0] = True
+    current = jax.config.jax_compilation_cache_dir
+    if current and not force:
+        return pathlib.Path(current)  # the user's own choice
+    setting = os.environ.get("JSPEC_XLA_CACHE", "1").strip()
+    if setting.lower() in _OFF:
+        return None
     from jspec.models.hub import cache_root
 
-    if os.environ.get("JSPEC_XLA_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
-        return
-    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+    folder = cache_root() / "xla" if setting.lower() in ("", "1", "on", "true", "yes") else pathlib.Path(setting)
+    try:  # JAX would warn at every write; one line here, and no cache
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".writable-"):
+            pass
+    except OSError as err:
+        print(f"jspec: warning: the compilation cache folder {folder} cannot be written ({err.strerror or err}); "
+              "compiling without it (JSPEC_XLA_CACHE=<folder> picks another, JSPEC_XLA_CACHE=0 turns it off).",
+              file=sys.stderr)  # fmt: skip
+        return None
+    warnings.formatwarning = _one_line_cache_warnings(warnings.formatwarning)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_BYTES)  # least recently used entries go first
+    return folder
+
+
+def _one_line_cache_warnings(default: Callable) -> Callable:
+    """JAX's warning about a cache entry it could not read or write, as one line."""
+    if getattr(default, "jspec_cache_lines", False):
+        return default
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        text = str(message)
+        if "persistent compilation cache" in text:
+            return f"jspec: warning: {text.splitlines()[0]} (compiled afresh)\n"
+        return default(message, category, filename, lineno, line)
+
+    formatwarning.jspec_cache_lines = True
+    return formatwarning

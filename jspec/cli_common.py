@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 
 __all__ = [
     "DEFAULTS_SHOWN", "Parser", "add_mesh_options", "add_model_options", "figure", "interrupt_hooks", "mesh_from_args",
@@ -93,6 +94,7 @@ class _StreamPrinter:
     def __init__(self, tokenizer, out=None, show: bool = True):
         self.tokenizer, self.out, self.shown, self.show = tokenizer, out or sys.stdout, "", show
         self.latest: list[int] = []  # row 0's tokens so far: what an interrupted run still prints
+        self.first_at: float | None = None  # time.time() when row 0's first token arrived
 
     def _show(self, text: str) -> None:
         if text.startswith(self.shown) and not text.endswith("\ufffd"):
@@ -102,6 +104,8 @@ class _StreamPrinter:
 
     def __call__(self, tokens, counts) -> None:
         self.latest = tokens[0, : counts[0]].tolist()
+        if self.first_at is None and self.latest:
+            self.first_at = time.time()
         if self.show:
             self._show(self.tokenizer.decode(self.latest))
 

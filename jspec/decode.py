@@ -23,12 +23,12 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
+from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_loop, drive, run_steps
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, sample_logits
 from jspec.sharding import check_mesh, place_model, to_host
 
-__all__ = ["Decoder", "PlainLoop", "decode_loop", "jit_forward", "prefill"]
+__all__ = ["Decoder", "PlainLoop", "decode_loop", "jit_forward", "plain_loop", "prefill"]
 
 
 def prefill(model, prompts, lengths, capacity: int, hidden_layers: tuple[int, ...] = ()):
@@ -73,28 +73,26 @@ class PlainLoop:
     config: LoopConfig
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, params, key):
-    """The whole plain decode, jitted: prefill, then a ``lax.while_loop`` of one-token steps.
-
-    Args are what :meth:`Decoder.generate` passes: the static :class:`PlainLoop`, the
-    model's weights (``nnx.split``), :func:`jspec.batching.batch_inputs`' arrays, sampling
-    parameters and a PRNG key. Returns (tokens int32[B, M], counts int32[B], target
-    forwards). Called directly it lets an experiment choose the cache
-    (``LoopConfig.cache_len``); a cache shorter than a row's prompt plus budget drops
-    that row's last keys and changes its output, so keep to
-    :func:`jspec.batching.cache_slots` or more.
-    """
+@functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
+def plain_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, params, key, state=None, steps=None):
+    """The plain decode as two jitted programs (:func:`jspec.batching.run_steps`): with ``state=None``
+    the prefill, returning the first state; with a state, at most ``steps`` more one-token steps.
+    Each returns ``(state, view)``; :func:`decode_loop` runs both to the end."""
     config = loop.config
     model = nnx.merge(loop.graphdef, weights)
     b = prompts.shape[0]
-    out = prefill(model, prompts, prompt_lengths, config.capacity())
-    first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
 
-    tokens = jnp.zeros((b, config.max_new), jnp.int32).at[:, 0].set(first)
-    num_generated = jnp.minimum(max_new, 1)
-    done = (max_new <= 1) | _is_eos(first, config.eos_ids)
-    init = _LoopState(tokens, num_generated, done, first, out.cache, jnp.int32(0))
+    def view(s: _LoopState):
+        return s.tokens, s.num_generated, s.done
+
+    if state is None:
+        out = prefill(model, prompts, prompt_lengths, config.capacity())
+        first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
+        tokens = jnp.zeros((b, config.max_new), jnp.int32).at[:, 0].set(first)
+        num_generated = jnp.minimum(max_new, 1)
+        done = (max_new <= 1) | _is_eos(first, config.eos_ids)
+        init = _LoopState(tokens, num_generated, done, first, out.cache, jnp.int32(0))
+        return init, View(*view(init))
 
     def cond(s: _LoopState):
         return ~jnp.all(s.done)
@@ -110,7 +108,22 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
         done = s.done | _is_eos(nxt, config.eos_ids) | (num_generated >= max_new)
         return _LoopState(tokens, num_generated, done, nxt, step_out.cache, step)
 
-    final = jax.lax.while_loop(cond, streamed(body, config, lambda s: (s.tokens, s.num_generated)), init)
+    return run_steps(cond, body, state, steps, view)
+
+
+def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, params, key, on_tokens=None):
+    """The whole plain decode: prefill, then a ``lax.while_loop`` of one-token steps (:func:`plain_loop`).
+
+    Args are what :meth:`Decoder.generate` passes: the static :class:`PlainLoop`, the
+    model's weights (``nnx.split``), :func:`jspec.batching.batch_inputs`' arrays, sampling
+    parameters and a PRNG key. Returns (tokens int32[B, M], counts int32[B], target
+    forwards). Called directly it lets an experiment choose the cache
+    (``LoopConfig.cache_len``); a cache shorter than a row's prompt plus budget drops
+    that row's last keys and changes its output, so keep to
+    :func:`jspec.batching.cache_slots` or more.
+    """
+    args = (loop, weights, prompts, prompt_lengths, max_new, params, key)
+    final = drive(lambda: plain_loop(*args), lambda state, steps: plain_loop(*args, state, steps), on_tokens)
     return final.tokens, final.num_generated, final.step + 1
 
 
@@ -171,16 +184,16 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
           on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
-            tokens so far (streaming; a program of its own, :func:`jspec.batching.streamed`).
+            tokens so far (streaming: :func:`jspec.batching.drive`).
         """
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
                              on_tokens)  # fmt: skip
-        loop = PlainLoop(self.graphdef, batch.config(self.eos_ids, on_tokens is not None))
-        args = (loop, self.state, *batch.arrays())
-        run, compile_s = compile_once(self._compiled, (batch.rows, loop), decode_loop, args, self.mesh)
+        loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
+        args = (self.state, *batch.arrays())
+        run, compile_s = compile_loop(self._compiled, (batch.rows, loop), plain_loop, (loop, *args), self.mesh)
         t0 = time.perf_counter()
-        with listening(on_tokens):
-            tokens, counts, calls = to_host(run(*args[1:]))
+        final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k), on_tokens)
+        tokens, counts, calls = to_host((final.tokens, final.num_generated, final.step + 1))
         seconds = time.perf_counter() - t0
         return GenerationResult(
             tokens=[tokens[i, : counts[i]].tolist() for i in range(len(prompts))],

@@ -25,7 +25,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.batching import CompiledLoops, LoopConfig, batch_inputs, compile_once, listening, streamed
+from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_loop, drive, run_steps
 from jspec.control import cond
 from jspec.decode import prefill
 from jspec.drafters.base import (
@@ -128,10 +128,12 @@ def start(target, drafter, prompts, lengths, capacity: int, params, key):
     return out, first, ctx, drafter.init(prompts, ctx, capacity, params, out.hidden_states)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key,
-                     costs: StepCosts | None = None):  # fmt: skip
-    """The whole speculative decode, jitted; returns the final loop state.
+                     costs: StepCosts | None = None, state: LoopState | None = None, steps=None):  # fmt: skip
+    """The speculative decode as two jitted programs (:func:`jspec.batching.run_steps`): with
+    ``state=None`` the prefill, returning the first :class:`LoopState`; with a state, at most
+    ``steps`` more loop steps. Each returns ``(state, view)``.
 
     Args:
       loop: the static :class:`SpecLoop`.
@@ -139,6 +141,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         (:func:`split_drafter`), put back into ``loop.drafter``.
       prompts, lengths, max_new, params, key: :meth:`jspec.batching.Batch.arrays`.
       costs: :class:`StepCosts` for an adaptive loop (``loop.adaptive``), else None.
+      state, steps: the state to resume and how many steps to run at most (int32 scalar).
     """
     config = loop.config
     target = nnx.merge(loop.graphdef, target_weights)
@@ -149,29 +152,34 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     capacity = config.capacity(width + extra)
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
     widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's narrower widths
-    out, first, ctx, dstate = start(target, drafter, prompts, lengths, capacity, params, key)
 
-    prior = n if loop.adaptive is None or loop.adaptive.prior is None else loop.adaptive.prior
-    init = LoopState(
-        out=jnp.zeros((b, config.max_new + n + 1), jnp.int32),
-        num_generated=jnp.zeros((b,), jnp.int32),
-        done=jnp.zeros((b,), bool),
-        ctx=ctx,
-        cache=out.cache,
-        drafter=dstate,
-        verify_steps=jnp.int32(0),
-        plain_steps=jnp.int32(0),
-        emitted_in_verify=jnp.int32(0),
-        live_row_steps=jnp.int32(0),
-        drafts_verified=jnp.int32(0),
-        accept_hist=jnp.zeros((n + 1,), jnp.int32),
-        accepted_estimate=jnp.full((b,), prior, jnp.float32),
-        since_speculated=jnp.int32(0),
-        probe_interval=jnp.int32(1 if loop.adaptive is None else loop.adaptive.probe_every),
-        fallback_steps=jnp.int32(0),
-    )
-    o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
-    init = dataclasses.replace(init, out=o, num_generated=g, done=d)
+    def view(s: LoopState):
+        return s.out, s.num_generated, s.done
+
+    if state is None:
+        out, first, ctx, dstate = start(target, drafter, prompts, lengths, capacity, params, key)
+        prior = n if loop.adaptive is None or loop.adaptive.prior is None else loop.adaptive.prior
+        init = LoopState(
+            out=jnp.zeros((b, config.max_new + n + 1), jnp.int32),
+            num_generated=jnp.zeros((b,), jnp.int32),
+            done=jnp.zeros((b,), bool),
+            ctx=ctx,
+            cache=out.cache,
+            drafter=dstate,
+            verify_steps=jnp.int32(0),
+            plain_steps=jnp.int32(0),
+            emitted_in_verify=jnp.int32(0),
+            live_row_steps=jnp.int32(0),
+            drafts_verified=jnp.int32(0),
+            accept_hist=jnp.zeros((n + 1,), jnp.int32),
+            accepted_estimate=jnp.full((b,), prior, jnp.float32),
+            since_speculated=jnp.int32(0),
+            probe_interval=jnp.int32(1 if loop.adaptive is None else loop.adaptive.probe_every),
+            fallback_steps=jnp.int32(0),
+        )
+        o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
+        init = dataclasses.replace(init, out=o, num_generated=g, done=d)
+        return init, View(*view(init))
 
     def verify_step(s: LoopState, proposal, dstate, step_key):
         ctx = s.ctx
@@ -280,8 +288,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         fall_back = lambda s: plain_step(s, None, s.drafter, k_step, proposed=False)  # noqa: E731
         return cond(go, lambda s: speculate(s, k_draft, k_step), fall_back, s)
 
-    body = streamed(body, loop.config, lambda s: (s.out, s.num_generated))
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
+    return run_steps(lambda s: ~jnp.all(s.done), body, state, steps, view)
 
 
 class SpeculativeDecoder:
@@ -343,13 +350,12 @@ class SpeculativeDecoder:
         tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
                              on_tokens)  # fmt: skip
-        config = batch.config(self.eos_ids, on_tokens is not None)
-        loop = SpecLoop(self.tgraph, self._drafter_def, config, self.verifier, self.adaptive)
-        args = (loop, self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
-        run, compile_s = compile_once(self._compiled, (batch.rows, loop), speculative_loop, args, self.mesh)
+        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
+        args = (self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
+        run, compile_s = compile_loop(self._compiled, (batch.rows, loop), speculative_loop, (loop, *args), self.mesh)
         t0 = time.perf_counter()
-        with listening(on_tokens):
-            final = jax.block_until_ready(run(*args[1:]))
+        final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k), on_tokens)
+        final = jax.block_until_ready(final)
         return final, compile_s, time.perf_counter() - t0
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from jspec.cli_common import (
     add_mesh_options,
@@ -104,6 +105,7 @@ def _cmd_generate(args) -> int:
     from jspec.models.hub import load_model
     from jspec.sampling import SamplingParams
 
+    started = time.time()
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     if not args.prompt:
         raise ValueError("--prompt is empty; give the text to continue.")
@@ -114,6 +116,7 @@ def _cmd_generate(args) -> int:
     if mesh is not None and mesh.is_multi_process and args.stream:
         raise ValueError("--stream prints from one process; a run over several processes prints at the end.")
     model, tokenizer = load_model(args.model, dtype=args.dtype)
+    loaded = time.time()
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
@@ -139,6 +142,9 @@ def _cmd_generate(args) -> int:
     completion = tokenizer.decode(new)
     if args.json:
         stats = result.stats() | {"prompt_tokens": len(ids), "method": args.method}
+        first = None if printer.first_at is None else round(printer.first_at - started, 3)
+        stats["startup"] = {"started_at": started, "load_s": round(loaded - started, 3),  # since the command began
+                            "compile_s": round(result.compile_seconds, 3), "first_token_s": first}  # fmt: skip
         print(json.dumps({"text": completion, "tokens": new, "stats": stats}))
     else:
         printer.finish(completion) if args.stream else print(completion)
@@ -153,7 +159,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from jspec.bench import run_interleaved
+    from jspec.bench import run_interleaved, speedup_interval
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
@@ -178,6 +184,7 @@ def _cmd_bench(args) -> int:
     if "ar" in results:
         for entry in results.values():
             entry["speedup"] = entry["tokens_per_s"] / results["ar"]["tokens_per_s"]
+            entry["speedup_interval"] = list(speedup_interval(entry, results["ar"]))  # 95%, paired over prompts
     out = {
         "model": args.model,
         "prompts": args.prompts,
@@ -199,11 +206,15 @@ def _cmd_bench(args) -> int:
     else:
         shape = f"N = {_num_draft(args)}" if args.tree == "chain" else f"tree {args.tree}"
         print(f"{args.model} on {len(prompts)} {args.prompts} prompts, T = {args.temperature}, {shape}")
-        print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'compile s':>10}")
+        print(f"{'method':<8} {'tau':>6} {'tokens/s':>9} {'speedup':>8} {'95% interval':>13} {'compile s':>10}")
         for name, e in results.items():
             sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
+            interval = "{:.2f}-{:.2f}x".format(*e["speedup_interval"]) if "speedup_interval" in e else "-"
             ran = f"  (ran {e['setting']})" if name == "auto" else ""
-            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {e['compile_seconds']:>10.1f}{ran}")
+            print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {interval:>13} "
+                  f"{e['compile_seconds']:>10.1f}{ran}")  # fmt: skip
+        if "speedup_interval" in next(iter(results.values())):
+            print(f"(95% intervals: a paired bootstrap over the {len(prompts)} prompts)")
     return 0
 
 

@@ -14,6 +14,8 @@ The KV cache is not part of the module: :meth:`Transformer.__call__` takes a
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -44,7 +46,13 @@ def layer_loop_for_backend(backend: str | None = None) -> str:
     On XLA CPU the unrolled loop measured 1.5-3x faster per decode step (scan
     slices each layer's weights out of the stack every step); on accelerators
     scan compiles much faster and runs as fast.
+    ``JSPEC_LAYER_LOOP=scan|unrolled`` overrides the choice (what ``experiments/startup.py`` measures).
     """
+    chosen = os.environ.get("JSPEC_LAYER_LOOP", "").strip()
+    if chosen:
+        if chosen not in ("unrolled", "scan"):
+            raise ValueError(f"JSPEC_LAYER_LOOP must be 'unrolled' or 'scan'; got {chosen!r}.")
+        return chosen
     backend = backend or jax.default_backend()
     return "unrolled" if backend == "cpu" else "scan"
 

@@ -12,7 +12,7 @@ from jspec.cli import main
 from jspec.drafters import PromptLookup
 from jspec.tune.costs import CostProfile, measure_profile
 from jspec.tune.tuned import Recommendation, Setting, TunedConfig, band_of, load_tuned, save_tuned
-from jspec.tune.workload import MARGIN, PLAIN, pick, predict, tokens_per_verify, tune_cell
+from jspec.tune.workload import PLAIN, pick, predict, tokens_per_verify, tune_cell
 
 EOS = (3,)
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12, 9, 10, 11]]  # repetitive: prompt lookup finds matches
@@ -125,14 +125,30 @@ def test_a_prediction_is_the_probe_s_tokens_over_its_steps_in_measured_costs():
     )
 
 
-def test_plain_decoding_is_recommended_unless_a_drafter_measures_clearly_faster():
-    rows = [{"setting": PLAIN, "measured_speedup": 1.0}, {"setting": Setting("ngram", num_draft=3)}]
-    rows[1]["measured_speedup"] = MARGIN - 0.005
+def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidence():
+    """A drafter faster on average but slower on some prompts is not measurably faster: plain wins.
+    The same mean over more prompts that agree is (negative control: the point estimate alone
+    would pick the first one too)."""
+    from jspec.bench import speedup_interval
+
+    plain = {"batch_tokens": [48] * 3, "batch_seconds": [1.0] * 3, "tokens_per_s": 48.0}
+    swinging = {"batch_tokens": [48] * 3, "batch_seconds": [1 / 0.9, 1 / 1.25, 1 / 1.5]}  # 0.9x, 1.25x, 1.5x
+    lo, hi = speedup_interval(swinging, plain)
+    assert lo < 1.0 < hi and lo == pytest.approx(0.9, abs=0.02) and hi == pytest.approx(1.5, abs=0.02)
+    steady = {"batch_tokens": [48] * 12, "batch_seconds": [1 / 1.1, 1 / 1.2, 1 / 1.3] * 4}
+    plain12 = {"batch_tokens": [48] * 12, "batch_seconds": [1.0] * 12}
+    assert 1.0 < speedup_interval(steady, plain12)[0] < 1.2
+    ngram = Setting("ngram", num_draft=3)
+    rows = [{"setting": PLAIN, "measured_speedup": 1.0, "speedup_interval": [1.0, 1.0]},
+            {"setting": ngram, "measured_speedup": 1.18, "speedup_interval": [lo, hi]}]  # fmt: skip
     assert pick(rows)["setting"] == PLAIN
-    rows[1]["measured_speedup"] = MARGIN + 0.005
+    rows[1]["speedup_interval"] = list(speedup_interval(steady, plain12))
     assert pick(rows)["setting"] == rows[1]["setting"]
+    assert max(rows, key=lambda r: r["measured_speedup"]) is rows[1]  # what a point estimate picks either way
     with pytest.raises(ValueError, match="plain decoding must be measured"):
         pick(rows[1:])
+    with pytest.raises(ValueError, match="same batches"):
+        speedup_interval(steady, plain)
 
 
 def test_tune_cell_probes_predicts_measures_and_recommends_on_a_tiny_model(target):
@@ -149,6 +165,7 @@ def test_tune_cell_probes_predicts_measures_and_recommends_on_a_tiny_model(targe
     assert len(probe["acceptance_by_position"]) == 3 and probe["tau"] >= 1.0
     measured = [r for r in rows if "measured_speedup" in r]
     assert any(r["name"].endswith("+adaptive") for r in measured)  # the best one, also with the fallback
+    assert all(r["prompts"] == len(PROMPTS) and r["speedup_interval"][0] <= r["speedup_interval"][1] for r in measured)
     assert rec.band == "greedy" and rec.setting.name in {r["name"] for r in measured}
     assert sum(r["recommended"] for r in rows) == 1
 

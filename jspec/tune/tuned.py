@@ -122,6 +122,7 @@ class Recommendation:
     temperature: float
     measured_speedup: float
     predicted_speedup: float
+    speedup_interval: tuple[float, float] | None = None  # 95%, paired over the tuning prompts
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"setting": self.setting.to_json()}
@@ -130,15 +131,19 @@ class Recommendation:
     def from_json(cls, data) -> Recommendation:
         if not isinstance(data, dict):
             raise ValueError(f"a recommendation is an object; got {data!r}.")
-        missing = {f.name for f in dataclasses.fields(cls)} - set(data)
+        missing = {f.name for f in dataclasses.fields(cls) if f.name != "speedup_interval"} - set(data)
         if missing:
             raise ValueError(f"a recommendation lacks {sorted(missing)}.")
         if data["band"] not in BANDS:
             raise ValueError(f"unknown temperature band {data['band']!r}; bands: {', '.join(BANDS)}.")
         if not isinstance(data["batch"], int) or data["batch"] < 1:
             raise ValueError(f"a recommendation's batch must be a whole number >= 1; got {data['batch']!r}.")
+        interval = data.get("speedup_interval")  # configs tuned before intervals were measured lack it
+        if interval is not None and (not isinstance(interval, list | tuple) or len(interval) != 2):
+            raise ValueError(f"a recommendation's speedup_interval is [low, high]; got {interval!r}.")
         return cls(data["band"], data["batch"], Setting.from_json(data["setting"]), float(data["temperature"]),
-                   float(data["measured_speedup"]), float(data["predicted_speedup"]))  # fmt: skip
+                   float(data["measured_speedup"]), float(data["predicted_speedup"]),
+                   None if interval is None else (float(interval[0]), float(interval[1])))  # fmt: skip
 
 
 @dataclasses.dataclass

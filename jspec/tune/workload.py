@@ -12,8 +12,10 @@ For one batch size and one temperature, :func:`tune_cell`
    with the verify steps at N scaled from the probe's by the tokens each step emits (the
    prefills measured apart, as plain calls with a budget of one token);
 3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
-   decoding again, interleaved, and recommends the fastest measured; plain decoding unless a
-   drafter beats it by :data:`MARGIN` (speculation must never make a user slower).
+   decoding again, interleaved, and recommends the fastest measured among those whose speedup
+   over plain decoding is above 1 with 95% confidence (a paired bootstrap over the prompts,
+   :func:`jspec.bench.speedup_interval`); plain decoding when none is (speculation must never
+   make a user slower, and a point estimate from a few prompts swings by +-20% here).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import numpy as np
 
 from jspec.tune.tuned import Recommendation, Setting, band_of
 
-__all__ = ["MARGIN", "available_families", "pick", "predict", "tokens_per_verify", "tune_cell"]
+__all__ = ["LEVEL", "available_families", "pick", "predict", "tokens_per_verify", "tune_cell"]
 
-MARGIN = 1.02  # a drafter is recommended only when measured at least this much faster than plain decoding
+LEVEL = 0.95  # a drafter is recommended only when its speedup's interval at this level lies above 1
 PLAIN = Setting("ar")
 
 
@@ -150,7 +152,7 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
             rate = predict(s, family_probe, first[PLAIN.name], profile)
             rows[s.name] = {"name": s.name, "setting": s, "predicted_speedup": rate / plain_rate}
     for name, entry in first.items():
-        _measured(rows[name], entry, plain_rate, "probe")
+        _measured(rows[name], entry, first[PLAIN.name], "probe")
 
     ranked = sorted((r for r in rows.values() if r["setting"] != PLAIN), key=lambda r: -r["predicted_speedup"])
     chosen = [r["setting"] for r in ranked[:verify_top]]
@@ -165,27 +167,26 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
     decoders = {s.name: decoder(s) for s in (PLAIN, *chosen)}
     log(f"  T = {temperature}, batch {batch}: measuring {', '.join(decoders)} ...")
     second = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch, progress=True)
-    plain_rate = second[PLAIN.name]["tokens_per_s"]
     for name, entry in second.items():
-        _measured(rows[name], entry, plain_rate, "verify")
+        _measured(rows[name], entry, second[PLAIN.name], "verify")
 
     top = pick([rows[name] for name in second])
     rec = Recommendation(band_of(temperature), batch, top["setting"], float(temperature),
-                         top["measured_speedup"], top["predicted_speedup"])  # fmt: skip
+                         top["measured_speedup"], top["predicted_speedup"], tuple(top["speedup_interval"]))  # fmt: skip
     table = [{k: v for k, v in r.items() if k != "setting"} | {"temperature": float(temperature), "batch": batch,
              "band": band_of(temperature), "recommended": r is top} for r in rows.values()]  # fmt: skip
     return rec, table
 
 
-def pick(measured: Sequence[dict], margin: float = MARGIN) -> dict:
-    """The fastest measured row (``setting``, ``measured_speedup``), or plain decoding's row unless a
-    drafter measured at least ``margin`` times plain: a near tie goes to plain decoding, which costs
-    nothing to compile and cannot lose."""
+def pick(measured: Sequence[dict]) -> dict:
+    """The fastest measured row (``setting``, ``measured_speedup``, ``speedup_interval``) among those
+    whose interval lies above 1, else plain decoding's row: a drafter that is not measurably faster
+    goes to plain decoding, which costs nothing to compile and cannot lose."""
     plain = [r for r in measured if r["setting"] == PLAIN]
     if not plain:
         raise ValueError("plain decoding must be measured beside the candidates.")
-    top = max(measured, key=lambda r: r["measured_speedup"])
-    return top if top["measured_speedup"] >= margin * plain[0]["measured_speedup"] else plain[0]
+    faster = [r for r in measured if r["setting"] != PLAIN and r["speedup_interval"][0] > 1.0]
+    return max(faster, key=lambda r: r["measured_speedup"]) if faster else plain[0]
 
 
 def _width_of(setting: Setting, first: dict) -> int:
@@ -194,9 +195,13 @@ def _width_of(setting: Setting, first: dict) -> int:
     return setting.num_draft + 1
 
 
-def _measured(row: dict, entry: dict, plain_rate: float, stage: str) -> None:
+def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
+    from jspec.bench import speedup_interval
+
     row |= {
-        "measured_speedup": entry["tokens_per_s"] / plain_rate,
+        "measured_speedup": entry["tokens_per_s"] / plain["tokens_per_s"],
+        "speedup_interval": list(speedup_interval(entry, plain, LEVEL)),
+        "prompts": len(entry["batch_tokens"]),
         "tokens_per_s": entry["tokens_per_s"],
         "tau": entry["tau"],
         "round": stage,
