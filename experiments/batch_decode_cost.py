@@ -96,7 +96,7 @@ def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int =
         for name, config in configs.items():
             run, _ = compile_loop(compiled, name, plain_loop, (PlainLoop(graphdef, config), *args))
             t0 = time.perf_counter()
-            final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k))  # noqa: B023
+            final = drive(run, args)
             tokens = jax.block_until_ready(final.tokens)
             if i:
                 seconds[name].append(time.perf_counter() - t0)

@@ -2,7 +2,7 @@
 
     python experiments/startup.py [--methods ar,ngram,eagle3,eagle3-tree,medusa,lookahead,auto]
         [--draft-pair] [--api ar,ngram,eagle3] [--tokens 16] [--layer-loop unrolled|scan]
-        [--out experiments/results/startup.json]
+        [--stream-cost] [--out experiments/results/startup.json]
 
 For every method, ``jspec generate --json`` runs twice in new processes with the same compilation
 cache folder (``JSPEC_XLA_CACHE``), empty before the first: cold, then warm. Each run reports the
@@ -12,7 +12,10 @@ run to its printer) and the whole process. ``--draft-pair`` adds the draft-model
 pair (1.5B target, 0.5B drafter). ``--api`` times the same through ``jspec.Speculator`` (import,
 construction with the model load, the first ``generate`` with its compilation), cold and warm.
 The Medusa head is random (compilation does not depend on the weights), written once in --work.
-Results go to --out (JSON), one line per run to stdout.
+``--stream-cost`` also measures, in this process, what streaming costs per token: plain decoding
+and prompt lookup on SmolLM2 with and without a listener (a loop resumed one step at a time, the
+next step queued, against one ``lax.while_loop`` to the end), interleaved, 96 tokens on four
+MT-bench prompts, five rounds. Results go to --out (JSON), one line per run to stdout.
 """
 
 from __future__ import annotations
@@ -106,6 +109,35 @@ def run_api(method: str, xla: pathlib.Path, tokens: int, env: dict) -> dict:
     return {k: round(v, 2) for k, v in out.items()} | {"wall_s": round(wall, 2)}
 
 
+def stream_cost(rounds: int = 5, tokens: int = 96) -> dict:
+    """Seconds per token with and without a listener, per method (medians over rounds, interleaved)."""
+    import statistics
+
+    from jspec.api import make_decoder
+    from jspec.models.hub import load_model
+    from jspec.prompts import load_prompts
+
+    model, tok = load_model("smollm2-135m")
+    prompts = load_prompts("mt-bench", None, 4)
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
+    out = {}
+    for method in ("ar", "ngram"):
+        decoder = make_decoder(method, model, eos_ids=tok.eos_token_ids)
+        decoder.generate([ids[0]], tokens)  # compiled and run once
+        per = {"whole": [], "streamed": []}
+        for _ in range(rounds):
+            for kind in per:
+                listener = (lambda t, c: None) if kind == "streamed" else None
+                runs = [decoder.generate([i], tokens, on_tokens=listener) for i in ids]
+                per[kind].append(sum(r.seconds for r in runs) / sum(len(r.tokens[0]) for r in runs))
+        whole, streamed = statistics.median(per["whole"]), statistics.median(per["streamed"])
+        out[method] = {"ms_per_token_whole": 1e3 * whole, "ms_per_token_streamed": 1e3 * streamed,
+                       "streamed_over_whole": streamed / whole, "rounds": per}  # fmt: skip
+        print(f"stream cost {method}: {1e3 * whole:.2f} ms/token whole, {1e3 * streamed:.2f} streamed "
+              f"({streamed / whole:.3f}x)", flush=True)  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default="ar,ngram,eagle3,eagle3-tree,medusa,lookahead,auto")
@@ -113,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--api", default="ar,ngram,eagle3", help="methods timed through jspec.Speculator ('' none)")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--layer-loop", choices=("unrolled", "scan"), default=None)
+    parser.add_argument("--stream-cost", action="store_true", help="also measure streaming's cost per token")
     parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("experiments/out/startup"))
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/results/startup.json"))
     args = parser.parse_args(argv)
@@ -144,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
                     print(kind, method, phase, json.dumps(run), flush=True)
             finally:
                 shutil.rmtree(xla, ignore_errors=True)
+    if args.stream_cost:
+        result["stream_cost"] = stream_cost()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(args.out.read_text()) if args.out.exists() else []
     runs = previous if isinstance(previous, list) else [previous]

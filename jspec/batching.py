@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import os
 import pathlib
 import sys
@@ -38,6 +40,7 @@ __all__ = [
     "cache_slots",
     "compile_loop",
     "drive",
+    "jitted_programs",
     "loops_compiled",
     "max_compiled",
     "pad_prompts",
@@ -91,10 +94,11 @@ class View(NamedTuple):
 def run_steps(cond: Callable, body: Callable, state, steps, view: Callable):
     """At most ``steps`` more iterations of ``lax.while_loop(cond, body, state)``: (state, ``view(state)``).
 
-    Every generation loop is two programs: ``start`` (prefill; it returns the first state) and this
-    one, which resumes from any state. Neither holds a host callback, so both are kept by JAX's
-    persistent compilation cache (a program with a callback never is), and a listener sees the
-    tokens between segments (:func:`drive`).
+    Every generation loop is written as ``loop(..., state, steps)``: with ``state=None`` and no
+    ``steps`` it is the prefill alone (the first state); with ``state=None`` and ``steps`` the
+    prefill and the loop; with a state, the loop resumed from it. None of them holds a host
+    callback, so JAX's persistent compilation cache keeps each one (a program with a callback is
+    never kept), and a listener sees the tokens between segments (:func:`drive`).
     """
 
     def more(carry):
@@ -109,25 +113,42 @@ def run_steps(cond: Callable, body: Callable, state, steps, view: Callable):
     return state, View(*view(state))
 
 
-def drive(start: Callable, resume: Callable, on_tokens: Callable | None = None):
-    """Runs a loop compiled as ``start() -> (state, view)`` and ``resume(state, steps) -> (state, view)``
-    (the state donated) to its end; returns the final state.
+class Programs(NamedTuple):
+    """A loop's compiled programs (:func:`run_steps`): ``whole`` (prefill and loop, one program) for
+    a call nobody listens to; ``start`` and ``resume`` for one streamed to a listener."""
 
-    Without a listener it is one ``resume`` to the end: the whole loop in one ``lax.while_loop``.
-    With one, a segment of one step is always queued before the previous one's view is read, so the
-    device never waits for ``on_tokens(tokens, counts)`` (numpy: every row's tokens so far and how
-    many are valid), which sees the prefill's first token and then every step's.
+    whole: object = None
+    start: object = None
+    resume: object = None
+
+
+def drive(run: Programs, args: tuple, on_tokens: Callable | None = None):
+    """Runs a loop (compiled by :func:`compile_loop` for ``args``, or the jitted loop itself) to its
+    end; returns the final state.
+
+    Without a listener it is the ``whole`` program: the prefill and one ``lax.while_loop`` to the
+    end, no host round trip. With one, ``start`` runs the prefill and ``resume`` one step at a time
+    (the state donated), the next step always queued before the previous one's view is read, so
+    the device never waits for ``on_tokens(tokens, counts)`` (numpy: every row's tokens so far and
+    how many are valid), which sees the prefill's first token and then every step's.
     """
-    state, seen = start()
     if on_tokens is None:
-        return resume(state, np.int32(ALL_STEPS))[0]
+        return run.whole(*args, None, np.int32(ALL_STEPS))[0]
+    state, seen = run.start(*args, None, None)
     while True:
-        nxt, upcoming = resume(state, np.int32(1))  # queued before `seen` is read
+        nxt, upcoming = run.resume(*args, state, np.int32(1))  # queued before `seen` is read
         tokens, counts, done = to_host(seen)
         on_tokens(tokens, counts)
         if done.all():
             return nxt  # the queued segment ran no step
         state, seen = nxt, upcoming
+
+
+def jitted_programs(jitted, static) -> Programs:
+    """The jitted loop as :class:`Programs` (compiled on first call), for callers that pass the static
+    argument themselves (experiments, tests)."""
+    call = functools.partial(jitted, static)
+    return Programs(call, call, call)
 
 
 def check_listener(on_tokens: Callable | None, mesh: Mesh | None) -> None:
@@ -178,35 +199,29 @@ def max_compiled() -> int:
     return int(value)
 
 
-class Programs(NamedTuple):
-    """A loop's two compiled programs (:func:`run_steps`): ``start`` and ``resume``."""
-
-    start: object
-    resume: object
-
-
-def _compile_both(jitted, args, mesh: Mesh | None) -> Programs:
-    """Lowers both programs, then compiles them at once in two threads (XLA releases the GIL): on
-    CPU-2 SmolLM2's plain loop compiled in 8.0-8.2 s one after the other and 7.3-7.5 s side by
-    side, prompt lookup's in 12.2-12.6 s and 10.1-10.7 s (alternated, 2026-12-03). Over a mesh the
-    resume takes the shardings the start's compilation chose, so it waits for it."""
+def _compile_stream(jitted, args, mesh: Mesh | None) -> Programs:
+    """Lowers the start and the resume, then compiles them at once in two threads (XLA releases the
+    GIL): on CPU-2 SmolLM2's plain pair compiled in 8.0-8.2 s one after the other and 7.3-7.5 s side
+    by side, prompt lookup's in 12.2-12.6 s and 10.1-10.7 s (alternated, 2026-12-03). Over a mesh
+    the resume takes the shardings the start's compilation chose, so it waits for it."""
     steps = jax.ShapeDtypeStruct((), jnp.int32)
     if mesh is not None:
-        with jax.set_mesh(mesh):
-            start = jitted.lower(*args, None, None).compile()
-            return Programs(start, jitted.lower(*args, start.out_info[0], steps).compile())
+        start = jitted.lower(*args, None, None).compile()
+        return Programs(start=start, resume=jitted.lower(*args, start.out_info[0], steps).compile())
     lowered = jitted.lower(*args, None, None)
     state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), lowered.out_info[0])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         start = pool.submit(lowered.compile)
         resume = jitted.lower(*args, state, steps).compile()
-        return Programs(start.result(), resume)
+        return Programs(start=start.result(), resume=resume)
 
 
-def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = None) -> tuple[Programs, float]:
+def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = None,
+                 stream: bool = False) -> tuple[Programs, float]:  # fmt: skip
     """The compiled programs of the loop ``jitted(*args, state, steps)`` for ``key`` (compiling ahead
-    of time on first use) and the seconds it took: the start (``state=None``), and the resume,
-    lowered for the shapes and placements of the start's state, which it takes donated.
+    of time on first use) and the seconds it took: the ``whole`` loop, or with ``stream`` the
+    ``start`` and the ``resume`` (lowered for the shapes and placements of the start's state,
+    which it takes donated; :func:`drive`). ``key`` must tell the two kinds apart.
 
     Compiling before the run keeps compilation out of the timed loop; with a ``mesh`` it is
     compiled for it (what :func:`jspec.sharding.constrain` reads).
@@ -214,7 +229,11 @@ def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = No
     t0 = time.perf_counter()
     if key not in cache:
         enable_compilation_cache()
-        cache[key] = _compile_both(jitted, args, mesh)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            if stream:
+                cache[key] = _compile_stream(jitted, args, mesh)
+            else:
+                cache[key] = Programs(whole=jitted.lower(*args, None, jax.ShapeDtypeStruct((), jnp.int32)).compile())
         _COMPILED[0] += 1
     # Hashing a loop's key walks the model's graph (~1 ms for SmolLM2): once here, never per entry.
     ident = (id(cache), hash(key))

@@ -23,7 +23,16 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_loop, drive, run_steps
+from jspec.batching import (
+    CompiledLoops,
+    LoopConfig,
+    View,
+    batch_inputs,
+    compile_loop,
+    drive,
+    jitted_programs,
+    run_steps,
+)
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, sample_logits
 from jspec.sharding import check_mesh, place_model, to_host
@@ -75,9 +84,9 @@ class PlainLoop:
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def plain_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, params, key, state=None, steps=None):
-    """The plain decode as two jitted programs (:func:`jspec.batching.run_steps`): with ``state=None``
-    the prefill, returning the first state; with a state, at most ``steps`` more one-token steps.
-    Each returns ``(state, view)``; :func:`decode_loop` runs both to the end."""
+    """The plain decode, jitted (:func:`jspec.batching.run_steps`): with ``state=None`` the prefill
+    (and, given ``steps``, at most that many one-token steps after it); with a state, at most
+    ``steps`` more steps from it. Returns ``(state, view)``; :func:`decode_loop` runs it to the end."""
     config = loop.config
     model = nnx.merge(loop.graphdef, weights)
     b = prompts.shape[0]
@@ -91,8 +100,9 @@ def plain_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, param
         tokens = jnp.zeros((b, config.max_new), jnp.int32).at[:, 0].set(first)
         num_generated = jnp.minimum(max_new, 1)
         done = (max_new <= 1) | _is_eos(first, config.eos_ids)
-        init = _LoopState(tokens, num_generated, done, first, out.cache, jnp.int32(0))
-        return init, View(*view(init))
+        state = _LoopState(tokens, num_generated, done, first, out.cache, jnp.int32(0))
+        if steps is None:
+            return state, View(*view(state))
 
     def cond(s: _LoopState):
         return ~jnp.all(s.done)
@@ -122,8 +132,8 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
     that row's last keys and changes its output, so keep to
     :func:`jspec.batching.cache_slots` or more.
     """
-    args = (loop, weights, prompts, prompt_lengths, max_new, params, key)
-    final = drive(lambda: plain_loop(*args), lambda state, steps: plain_loop(*args, state, steps), on_tokens)
+    args = (weights, prompts, prompt_lengths, max_new, params, key)
+    final = drive(jitted_programs(plain_loop, loop), args, on_tokens)
     return final.tokens, final.num_generated, final.step + 1
 
 
@@ -190,9 +200,11 @@ class Decoder:
                              on_tokens)  # fmt: skip
         loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
         args = (self.state, *batch.arrays())
-        run, compile_s = compile_loop(self._compiled, (batch.rows, loop), plain_loop, (loop, *args), self.mesh)
+        stream = on_tokens is not None  # a loop of its own: the prefill and a resumable loop
+        key = (batch.rows, loop, "streamed") if stream else (batch.rows, loop)
+        run, compile_s = compile_loop(self._compiled, key, plain_loop, (loop, *args), self.mesh, stream)
         t0 = time.perf_counter()
-        final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k), on_tokens)
+        final = drive(run, args, on_tokens)
         tokens, counts, calls = to_host((final.tokens, final.num_generated, final.step + 1))
         seconds = time.perf_counter() - t0
         return GenerationResult(

@@ -131,9 +131,9 @@ def start(target, drafter, prompts, lengths, capacity: int, params, key):
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key,
                      costs: StepCosts | None = None, state: LoopState | None = None, steps=None):  # fmt: skip
-    """The speculative decode as two jitted programs (:func:`jspec.batching.run_steps`): with
-    ``state=None`` the prefill, returning the first :class:`LoopState`; with a state, at most
-    ``steps`` more loop steps. Each returns ``(state, view)``.
+    """The speculative decode, jitted (:func:`jspec.batching.run_steps`): with ``state=None`` the
+    prefill, returning the first :class:`LoopState` (and, given ``steps``, at most that many loop
+    steps after it); with a state, at most ``steps`` more steps from it. Returns ``(state, view)``.
 
     Args:
       loop: the static :class:`SpecLoop`.
@@ -178,8 +178,9 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             fallback_steps=jnp.int32(0),
         )
         o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
-        init = dataclasses.replace(init, out=o, num_generated=g, done=d)
-        return init, View(*view(init))
+        state = dataclasses.replace(init, out=o, num_generated=g, done=d)
+        if steps is None:
+            return state, View(*view(state))
 
     def verify_step(s: LoopState, proposal, dstate, step_key):
         ctx = s.ctx
@@ -352,9 +353,11 @@ class SpeculativeDecoder:
                              on_tokens)  # fmt: skip
         loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
         args = (self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
-        run, compile_s = compile_loop(self._compiled, (batch.rows, loop), speculative_loop, (loop, *args), self.mesh)
+        stream = on_tokens is not None  # a loop of its own: the prefill and a resumable loop
+        key = (batch.rows, loop, "streamed") if stream else (batch.rows, loop)
+        run, compile_s = compile_loop(self._compiled, key, speculative_loop, (loop, *args), self.mesh, stream)
         t0 = time.perf_counter()
-        final = drive(lambda: run.start(*args, None, None), lambda s, k: run.resume(*args, s, k), on_tokens)
+        final = drive(run, args, on_tokens)
         final = jax.block_until_ready(final)
         return final, compile_s, time.perf_counter() - t0
 

@@ -1,10 +1,19 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-# No persistent compilation cache in tests: the CLI tests would otherwise switch it on for the rest
-# of the process and the subprocesses it starts, so that what a test compiles would depend on what
-# earlier runs left in ~/.cache/jspec/xla. tests/test_cli.py checks the switch itself.
-os.environ["JSPEC_XLA_CACHE"] = "0"
+# One persistent compilation cache per test run, empty at its start: made by the first process
+# (pytest itself, or xdist's controller, which loads this file before it starts the workers) and
+# shared by the workers and the processes tests start. What a test compiles never depends on an
+# earlier run or on ~/.cache/jspec/xla, and a real model's loop compiled in one test file is read
+# back in the next (the fixture below drops every in-memory program after each file).
+# tests/test_compile_cache.py checks the cache and its switch themselves.
+if "JSPEC_TEST_XLA_CACHE" not in os.environ:
+    os.environ["JSPEC_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="jspec-test-xla-")
+    atexit.register(shutil.rmtree, os.environ["JSPEC_TEST_XLA_CACHE"], True)
+os.environ["JSPEC_XLA_CACHE"] = os.environ["JSPEC_TEST_XLA_CACHE"]
 
 import jax
 from hypothesis import settings

@@ -54,12 +54,12 @@ def test_loops_are_found_in_the_cache_and_a_corrupt_entry_is_compiled_afresh_wit
     corrupted, says so once per entry in one line, compiles afresh and gives the same tokens."""
     (first, again, corrupt), (_, again_err, err) = _rounds(tmp_path, "first,again,corrupt", str(tmp_path / "xla"))
     assert first["folder"] == str(tmp_path / "xla")
-    assert first["hits"] == 0 and again["hits"] >= 4  # plain and speculative: start and resume each
-    assert again["entries"] >= 4 and corrupt["hits"] == 0
+    assert first["hits"] == 0 and again["hits"] >= 3  # plain streamed: start and resume; speculative: whole
+    assert again["entries"] >= 3 and corrupt["hits"] == 0
     assert first["tokens"] == again["tokens"] == corrupt["tokens"]
     assert "compilation cache" not in again_err
     lines = [line for line in err.splitlines() if "compilation cache" in line]
-    assert len(lines) >= 4 and all(line.startswith("jspec: warning: Error reading") for line in lines), err
+    assert len(lines) >= 3 and all(line.startswith("jspec: warning: Error reading") for line in lines), err
     assert "Traceback" not in err
 
 

@@ -77,7 +77,7 @@ def test_the_speculative_loop_keeps_the_target_s_cache_in_place_with_negative_co
     def copies():
         decoder = jspec.engine.SpeculativeDecoder(target, PromptLookup(num_draft=3), eos_ids=(3,))
         out = decoder.generate([[5, 6, 7, 5, 6, 7, 5, 6]] * 2, 12, SamplingParams.greedy())
-        hlo = next(iter(decoder._compiled.values())).resume.as_text()  # the loop: the start is the prefill
+        hlo = next(iter(decoder._compiled.values())).whole.as_text()
         return cache_copies(hlo, c.num_layers, 2, c.num_kv_heads, c.head_dim), out.tokens
 
     ours, tokens = copies()

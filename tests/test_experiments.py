@@ -252,3 +252,14 @@ def test_load_memory_tiny(tmp_path, monkeypatch, capsys):
     (run,) = json.loads(out.read_text())
     assert run["weights_bytes"] > 0 and run["peak_rss_bytes"] > run["baseline_rss_bytes"]
     assert len(list((tmp_path / "tiny").glob("model-*.safetensors"))) > 2  # one tensor a shard: sharded
+
+
+@pytest.mark.slow  # ~30 s: two fresh processes compile and load SmolLM2
+def test_startup_plain_cold_then_warm(tmp_path, smollm2):
+    """The warm process finds both programs in the cache its cold run wrote: it compiles faster."""
+    report = _load("startup").main(["--methods", "ar", "--api", "", "--work", str(tmp_path),
+                                    "--out", str(tmp_path / "startup.json")])  # fmt: skip
+    cold, warm = report["cli"]["ar"]["cold"], report["cli"]["ar"]["warm"]
+    assert "error" not in cold and "error" not in warm
+    assert warm["compile_s"] < cold["compile_s"] and cold["first_token_s"] > cold["compile_s"]
+    assert json.loads((tmp_path / "startup.json").read_text())[-1]["tokens"] == 16

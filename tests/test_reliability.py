@@ -93,8 +93,11 @@ def start(wheelhouse, cache, *args, **env):
         "JSPEC_TEST_SIGNAL": str(cache.parent / "signal"),
         "JSPEC_PROGRESS": "0",
     }
+    # A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT
+    # ignored, and so would the driver: it takes Ctrl-C as a terminal's foreground process would.
     return subprocess.Popen([sys.executable, str(wheelhouse / "driver.py"), *args], env=environ | env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def wait_for(path: pathlib.Path, proc, seconds=60.0) -> None:
