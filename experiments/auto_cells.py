@@ -11,7 +11,7 @@ taking turns prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decod
 (prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and dynamic tree, the draft
 model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the tuned config.
 Reports per cell (workload x temperature): auto over plain with its 95% interval (a paired
-bootstrap over the prompts, :func:`jspec.bench.speedup_interval`), auto over the best fixed
+t interval over the prompts, :func:`jspec.bench.speedup_interval`), auto over the best fixed
 setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
 predicted against measured speedups; and the goals over all cells: auto never measurably slower
 than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean

@@ -6,7 +6,7 @@
 For each shape P x T (P prompts of T new tokens; the default shapes spend the same 288 tokens),
 ``--repeats`` disjoint slices of MT-bench (from prompt ``--skip`` on) are measured as the tuner
 measures a candidate: plain decoding and the drafter taking turns prompt by prompt
-(:func:`jspec.bench.run_interleaved`), the speedup and its paired 95% bootstrap interval over the
+(:func:`jspec.bench.run_interleaved`), the speedup and its paired 95% t interval over the
 prompts (:func:`jspec.bench.speedup_interval`). Reports each slice's interval, its width, and the
 seconds the pair of decoders spent generating.
 """

@@ -122,8 +122,8 @@ def _cmd_generate(args) -> int:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
     decoder = _decoder(args.method, args, model, tokenizer, mesh=mesh)
-    # Always listening (a host callback per loop step: ~3% per token for plain decoding on CPU-2), so that
-    # a Ctrl-C still prints what was generated; --stream prints it as it comes.
+    # Always listening (the loop resumed one step at a time: jspec.batching.drive), so that a Ctrl-C still
+    # prints what was generated; --stream prints it as it comes.
     printer = stream_printer(tokenizer, show=args.stream)
 
     def interrupted():
@@ -214,7 +214,7 @@ def _cmd_bench(args) -> int:
             print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {interval:>13} "
                   f"{e['compile_seconds']:>10.1f}{ran}")  # fmt: skip
         if "speedup_interval" in next(iter(results.values())):
-            print(f"(95% intervals: a paired bootstrap over the {len(prompts)} prompts)")
+            print(f"(95% intervals: paired over the {len(prompts)} prompts, Student's t on the log ratios)")
     return 0
 
 

@@ -134,7 +134,8 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     plain = {"batch_tokens": [48] * 3, "batch_seconds": [1.0] * 3, "tokens_per_s": 48.0}
     swinging = {"batch_tokens": [48] * 3, "batch_seconds": [1 / 0.9, 1 / 1.25, 1 / 1.5]}  # 0.9x, 1.25x, 1.5x
     lo, hi = speedup_interval(swinging, plain)
-    assert lo < 1.0 < hi and lo == pytest.approx(0.9, abs=0.02) and hi == pytest.approx(1.5, abs=0.02)
+    assert lo < 1.0 < hi and lo == pytest.approx(0.626, abs=0.005) and hi == pytest.approx(2.265, abs=0.01)
+    assert speedup_interval(swinging, plain, level=0.5)[0] > 1.0  # a looser level would have picked it
     steady = {"batch_tokens": [48] * 12, "batch_seconds": [1 / 1.1, 1 / 1.2, 1 / 1.3] * 4}
     plain12 = {"batch_tokens": [48] * 12, "batch_seconds": [1.0] * 12}
     assert 1.0 < speedup_interval(steady, plain12)[0] < 1.2
@@ -149,6 +150,8 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
         pick(rows[1:])
     with pytest.raises(ValueError, match="same batches"):
         speedup_interval(steady, plain)
+    one = {"batch_tokens": [48], "batch_seconds": [0.5]}
+    assert speedup_interval(one, one | {"batch_seconds": [1.0]}) == (0.0, float("inf"))  # one prompt: no confidence
 
 
 def test_tune_cell_probes_predicts_measures_and_recommends_on_a_tiny_model(target):

@@ -13,7 +13,7 @@ For one batch size and one temperature, :func:`tune_cell`
    prefills measured apart, as plain calls with a budget of one token);
 3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
    decoding again, interleaved, and recommends the fastest measured among those whose speedup
-   over plain decoding is above 1 with 95% confidence (a paired bootstrap over the prompts,
+   over plain decoding is above 1 with 95% confidence (a paired t interval over the prompts,
    :func:`jspec.bench.speedup_interval`); plain decoding when none is (speculation must never
    make a user slower, and a point estimate from a few prompts swings by +-20% here).
 """
