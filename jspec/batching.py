@@ -39,6 +39,7 @@ __all__ = [
     "bucket",
     "cache_slots",
     "compile_loop",
+    "compile_request",
     "drive",
     "jitted_programs",
     "loops_compiled",
@@ -248,6 +249,14 @@ def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = No
     for fn in dropped:  # the jitted function's own cache holds the executable too; the kept ones stay usable
         fn.clear_cache()
     return cache[key], time.perf_counter() - t0
+
+
+def compile_request(cache: CompiledLoops, rows: int, loop, jitted, args, mesh: Mesh | None, on_tokens):
+    """:func:`compile_loop` for a request of ``rows`` rows: the whole loop, or when someone listens
+    (``on_tokens``) the streamed pair, each kind under a key of its own."""
+    stream = on_tokens is not None
+    key = (rows, loop, "streamed") if stream else (rows, loop)
+    return compile_loop(cache, key, jitted, (loop, *args), mesh, stream)
 
 
 def loops_compiled() -> int:

@@ -28,7 +28,7 @@ from jspec.batching import (
     LoopConfig,
     View,
     batch_inputs,
-    compile_loop,
+    compile_request,
     drive,
     jitted_programs,
     run_steps,
@@ -200,9 +200,7 @@ class Decoder:
                              on_tokens)  # fmt: skip
         loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
         args = (self.state, *batch.arrays())
-        stream = on_tokens is not None  # a loop of its own: the prefill and a resumable loop
-        key = (batch.rows, loop, "streamed") if stream else (batch.rows, loop)
-        run, compile_s = compile_loop(self._compiled, key, plain_loop, (loop, *args), self.mesh, stream)
+        run, compile_s = compile_request(self._compiled, batch.rows, loop, plain_loop, args, self.mesh, on_tokens)
         t0 = time.perf_counter()
         final = drive(run, args, on_tokens)
         tokens, counts, calls = to_host((final.tokens, final.num_generated, final.step + 1))

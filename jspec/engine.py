@@ -6,9 +6,9 @@ the pending token and the drafts (and any lookahead tokens) in one forward, the
 vmapped verifier accepts a prefix or a path per row, each row's caches roll back
 to its own length (a tree's accepted path moved into place first), and EOS and the
 budget end each row on its own. A step where no row has a draft is a plain one
-(:func:`jspec.control.cond`, which keeps the caches in place). The engine knows drafters
-only through :class:`jspec.drafters.base.Drafter`. With an :class:`Adaptive` policy a step
-may be a plain one where speculating does not pay, or verify a chain at a narrower width.
+(:func:`jspec.control.cond`). The engine knows drafters only through
+:class:`jspec.drafters.base.Drafter`. An :class:`Adaptive` policy may take a plain step, or
+verify a narrower chain, where that pays more.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_loop, drive, run_steps
+from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_request, drive, run_steps
 from jspec.control import cond
 from jspec.decode import prefill
 from jspec.drafters.base import (
@@ -131,9 +131,7 @@ def start(target, drafter, prompts, lengths, capacity: int, params, key):
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key,
                      costs: StepCosts | None = None, state: LoopState | None = None, steps=None):  # fmt: skip
-    """The speculative decode, jitted (:func:`jspec.batching.run_steps`): with ``state=None`` the
-    prefill, returning the first :class:`LoopState` (and, given ``steps``, at most that many loop
-    steps after it); with a state, at most ``steps`` more steps from it. Returns ``(state, view)``.
+    """The speculative decode, jitted (``state``, ``steps``: :func:`jspec.batching.run_steps`).
 
     Args:
       loop: the static :class:`SpecLoop`.
@@ -141,7 +139,6 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         (:func:`split_drafter`), put back into ``loop.drafter``.
       prompts, lengths, max_new, params, key: :meth:`jspec.batching.Batch.arrays`.
       costs: :class:`StepCosts` for an adaptive loop (``loop.adaptive``), else None.
-      state, steps: the state to resume and how many steps to run at most (int32 scalar).
     """
     config = loop.config
     target = nnx.merge(loop.graphdef, target_weights)
@@ -153,9 +150,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
     widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's narrower widths
 
-    def view(s: LoopState):
-        return s.out, s.num_generated, s.done
-
+    view = lambda s: (s.out, s.num_generated, s.done)  # noqa: E731
     if state is None:
         out, first, ctx, dstate = start(target, drafter, prompts, lengths, capacity, params, key)
         prior = n if loop.adaptive is None or loop.adaptive.prior is None else loop.adaptive.prior
@@ -308,16 +303,14 @@ class SpeculativeDecoder:
     ):
         """Args:
         target: the target model (see :mod:`jspec.decode` for the interface).
-        drafter: a :class:`jspec.drafters.base.Drafter` (:func:`jspec.make_drafter` builds one);
-          it carries its own weights.
+        drafter: a :class:`jspec.drafters.base.Drafter` with its weights (:func:`jspec.make_drafter`).
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier; tests pass a broken one as a negative control.
         mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split over
           ``data``, the target's weights and KV cache over ``model``, the drafter's replicated.
         adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
           needs ``costs``.
-        costs: what a speculative and a plain step cost here (:class:`StepCosts`, e.g. from
-          :func:`jspec.tune.measure_profile`).
+        costs: what a speculative and a plain step cost here (:class:`StepCosts`).
         """
         check_drafter(drafter)
         check_step_width(drafter, getattr(target.config, "max_position", None))
@@ -347,15 +340,13 @@ class SpeculativeDecoder:
 
     def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
             on_tokens=None):  # fmt: skip
-        """Runs the loop and returns (final :class:`LoopState`, compile seconds, run seconds); for
-        tests and tools that read the loop's own state. :meth:`generate` is the usual call."""
+        """(the final :class:`LoopState`, compile seconds, run seconds), for tools that read the loop's
+        state; :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
                              on_tokens)  # fmt: skip
         loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
         args = (self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
-        stream = on_tokens is not None  # a loop of its own: the prefill and a resumable loop
-        key = (batch.rows, loop, "streamed") if stream else (batch.rows, loop)
-        run, compile_s = compile_loop(self._compiled, key, speculative_loop, (loop, *args), self.mesh, stream)
+        run, compile_s = compile_request(self._compiled, batch.rows, loop, speculative_loop, args, self.mesh, on_tokens)
         t0 = time.perf_counter()
         final = drive(run, args, on_tokens)
         final = jax.block_until_ready(final)
@@ -363,8 +354,7 @@ class SpeculativeDecoder:
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
                  on_tokens=None):  # fmt: skip
-        """Generates for a batch of prompts (token-id lists) of any lengths (as :meth:`jspec.Decoder.generate`,
-        ``on_tokens`` too)."""
+        """As :meth:`jspec.Decoder.generate`: token-id lists of any lengths, ``on_tokens`` too."""
         final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens)
         b = len(prompts)
         final = to_host(final)

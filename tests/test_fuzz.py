@@ -60,7 +60,7 @@ def nothing_compiles(monkeypatch):
     """Fails the test if anything is compiled: refusals must come before jit."""
     import jspec.decode
 
-    monkeypatch.setattr(jspec.decode, "compile_loop", lambda *a, **k: pytest.fail("compiled a refused request"))
+    monkeypatch.setattr(jspec.decode, "compile_request", lambda *a, **k: pytest.fail("compiled a refused request"))
 
 
 @FUZZ
