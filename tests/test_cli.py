@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import xla_flags
 
 from jspec.cli import main
 
@@ -207,7 +208,7 @@ def test_generate_over_a_mesh_gives_the_one_device_tokens(capsys, smollm2):
 
     code, one = _json(capsys, ["generate", "--prompt", "What is 2+2?", "--chat", "--max-new-tokens", "8", "--json"])
     assert code == 0
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=6",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(6),
                PYTHONPATH=str(pathlib.Path(__file__).parent))  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", MESH_CLI], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import xla_flags
 
 from jspec.sampling import SamplingParams
 from jspec.sharding import batch_mesh, padded_rows, shard_rows
@@ -18,7 +19,7 @@ TESTS = pathlib.Path(__file__).parent
 
 
 def _mesh_run(*args):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(TESTS))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), PYTHONPATH=str(TESTS))
     proc = subprocess.run([sys.executable, str(TESTS / "mesh_script.py"), *args], capture_output=True, text=True,
                           env=env, timeout=3000)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,7 +91,7 @@ def _two_processes(*extra, counts=(2, 2)):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = str(s.getsockname()[1])
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=str(TESTS))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(4), PYTHONPATH=str(TESTS))
     procs = [subprocess.Popen([sys.executable, str(TESTS / "distributed_script.py"), str(i), port, str(n), *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i, n in enumerate(counts)]  # fmt: skip
