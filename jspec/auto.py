@@ -130,7 +130,7 @@ class AutoDecoder:
         path = profile_path(name, rows, dtype=weights_dtype(self.target), mesh=self.mesh)
         wanted = {f"{f}:N={DEFAULT_NUM_DRAFT}" for f in families}
         cached = load_profile(path)
-        if cached is not None and wanted <= set(cached.drafters) and max(cached.forward_ms) > DEFAULT_NUM_DRAFT:
+        if cached is not None and wanted <= set(cached.drafters) and DEFAULT_NUM_DRAFT + 1 in cached.forward_ms:
             return cached
         print(f"auto: no cost profile of {name} at batch {rows} here; measuring one (once) ...", file=sys.stderr)
         draft = self.draft_model
@@ -141,7 +141,9 @@ class AutoDecoder:
         drafters = profile_drafters(self.target, name, num_drafts=(DEFAULT_NUM_DRAFT,), trees=(), head=self.head,
                                     draft_model=draft)  # fmt: skip
         drafters = {k: v for k, v in drafters.items() if k in wanted}
-        profile = measure_profile(self.target, name, drafters, batch=rows, max_k=DEFAULT_NUM_DRAFT + 1, mesh=self.mesh)
+        profile = measure_profile(
+            self.target, name, drafters, batch=rows, widths=(DEFAULT_NUM_DRAFT + 1,), mesh=self.mesh
+        )  # a plain step and a verify step: what default_setting reads
         if cached is None and self.model_name is not None:
             save_profile(profile, path)
         return profile
@@ -160,11 +162,12 @@ class AutoDecoder:
                                                    **setting.options(), **extra)  # fmt: skip
         return self._decoders[setting]
 
-    def generate(self, prompts, max_new_tokens: int, sampling=None, seed: int = 0, on_tokens=None):
+    def generate(self, prompts, max_new_tokens: int, sampling=None, seed: int = 0, on_tokens=None, pad_to=None):
         """As :meth:`jspec.SpeculativeDecoder.generate`; the result's ``setting`` names what ran. Rows
         with different temperatures run the setting of the hottest (acceptance falls as T rises)."""
         temperature = 0.0 if sampling is None else float(np.max(np.asarray(sampling.temperature)))
         setting = self.choose(temperature, len(prompts))
-        result = self.decoder_for(setting).generate(prompts, max_new_tokens, sampling, seed=seed, on_tokens=on_tokens)
+        result = self.decoder_for(setting).generate(prompts, max_new_tokens, sampling, seed=seed, on_tokens=on_tokens,
+                                                    pad_to=pad_to)  # fmt: skip
         result.setting = setting.name
         return result

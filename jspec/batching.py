@@ -352,9 +352,14 @@ def batch_inputs(
     sampling: SamplingParams | None = None,
     seed: int = 0,
     on_tokens: Callable | None = None,
+    pad_to: int | None = None,
 ) -> Batch:
     """A request made ready for a compiled loop, after :func:`validate_prompts` and a check of the
     listener ``on_tokens`` (both loops use it).
+
+    ``pad_to``: sizes the request as if its longest prompt had at least this many tokens (prompt
+    bucket and cache), so that one compiled loop serves every batch of a prompt set (a benchmark
+    passes the set's longest prompt); the tokens are the same, each step attends over more slots.
 
     With a ``mesh`` the rows are padded to a multiple of its data axis with filler rows (the
     first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
@@ -368,11 +373,14 @@ def batch_inputs(
             f"sampling must be a SamplingParams (SamplingParams.create(...)); got {type(sampling).__name__}."
         )
     prompts = [[int(t) for t in p] for p in _host_lists(prompts)]
-    prompt_len, new_len = bucket(max(len(p) for p in prompts)), bucket(max_new_tokens)
+    if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int) or pad_to < 1):
+        raise ValueError(f"pad_to must be a positive token count (the longest prompt to size for), got {pad_to!r}.")
+    longest = max([len(p) for p in prompts] + [pad_to or 0])
+    prompt_len, new_len = bucket(longest), bucket(max_new_tokens)
     rows = padded_rows(mesh, len(prompts))
     padded, lengths = pad_prompts(prompts + [prompts[0]] * (rows - len(prompts)), prompt_len)
     budget = jnp.where(jnp.arange(rows) < len(prompts), max_new_tokens, 1).astype(jnp.int32)
-    slots = cache_slots(prompt_len, new_len, max(len(p) for p in prompts), max_new_tokens)
+    slots = cache_slots(prompt_len, new_len, longest, max_new_tokens)
     padded, lengths, budget = shard_rows(mesh, (padded, lengths, budget), rows, rows)
     sampling = shard_rows(mesh, sampling or SamplingParams.greedy(), len(prompts), rows)
     key = replicate(mesh, jax.random.PRNGKey(seed))

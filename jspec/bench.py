@@ -27,12 +27,18 @@ __all__ = [
 
 
 def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,
-            batch: int = 1) -> float:  # fmt: skip
-    """Compiles and runs each length bucket's loop once, untimed; returns the compile seconds.
+            batch: int = 1, one_shape: bool = True) -> float:  # fmt: skip
+    """Compiles and runs the loop the prompts will run once, untimed; returns the compile seconds.
 
-    The first run of a freshly compiled loop is slower (0.3-0.5 s more for SmolLM2
-    here), so benchmarks run one first, with a budget in the same bucket, at ``batch`` rows.
+    The first run of a freshly compiled loop is slower (0.3-0.5 s more for SmolLM2 here), so
+    benchmarks run one first, at ``batch`` rows. ``one_shape``: every prompt runs in the loop sized
+    for the longest (``pad_to``), one program per decoder; else one per length bucket (the
+    prompt and cache sizes a lone request of that prompt would get), warmed with half the budget.
     """
+    if one_shape:
+        longest = max(prompt_ids, key=len)
+        return decoder.generate([list(longest)] * batch, max_new_tokens, sampling, seed=seed,
+                                pad_to=len(longest)).compile_seconds  # fmt: skip
     budget = min(max_new_tokens, bucket(max_new_tokens) // 2 + 1)
     seconds = 0.0
     for _, prompt in sorted({bucket(len(p)): p for p in prompt_ids}.items()):
@@ -70,6 +76,7 @@ def run_interleaved(
     batch: int = 1,
     rotate: bool = True,
     progress: bool = False,
+    one_shape: bool = True,
 ) -> dict[str, dict]:
     """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
@@ -85,6 +92,9 @@ def run_interleaved(
       batch: rows per call (:func:`batches`).
       rotate: start each batch's turn with the next decoder (False: always in the given order).
       progress: a progress bar on stderr (where it is a terminal, or JSPEC_PROGRESS is set).
+      one_shape: every batch runs in the loop sized for the longest prompt (one compiled program per
+        decoder: the tuner's 8 MT-bench prompts needed 4 per decoder, prompt and cache sizes
+        differing); False: each batch in its own bucket, as a lone request would run.
 
     Returns:
       name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
@@ -94,8 +104,10 @@ def run_interleaved(
       ``batch_tokens`` and ``batch_seconds``, per batch (what :func:`speedup_interval` pairs).
     """
     compile_s = {
-        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch) for name, decoder in decoders.items()
+        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch, one_shape)
+        for name, decoder in decoders.items()
     }
+    pad_to = max(len(p) for p in prompt_ids) if one_shape else None
     runs = {name: [] for name in decoders}
     names = list(decoders)
     todo = batches(prompt_ids, batch)
@@ -106,7 +118,7 @@ def run_interleaved(
     for i, rows in enumerate(todo):
         k = i % len(names) if rotate else 0
         for name in names[k:] + names[:k]:  # each batch starts with the next decoder
-            runs[name].append(decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i))
+            runs[name].append(decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i, pad_to=pad_to))
     totals = {name: GenerationResult.total(results) for name, results in runs.items()}
     for name, total in totals.items():
         total.compile_seconds += compile_s[name]

@@ -185,6 +185,7 @@ class Decoder:
         sampling: SamplingParams | None = None,
         seed: int = 0,
         on_tokens=None,
+        pad_to: int | None = None,
     ) -> GenerationResult:
         """Generates for a batch of prompts of any lengths.
 
@@ -195,9 +196,10 @@ class Decoder:
           seed: PRNG seed.
           on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
             tokens so far (streaming: :func:`jspec.batching.drive`).
+          pad_to: size the loop for prompts of this many tokens or more (:func:`jspec.batching.batch_inputs`).
         """
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
-                             on_tokens)  # fmt: skip
+                             on_tokens, pad_to)  # fmt: skip
         loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
         args = (self.state, *batch.arrays())
         run, compile_s = compile_request(self._compiled, batch.rows, loop, plain_loop, args, self.mesh, on_tokens)

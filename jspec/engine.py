@@ -1,11 +1,11 @@
-"""The speculative decoding loop, one for every drafter.
+"""The speculative decoding loop, one for all drafters.
 
 Prefill the target and the drafter; then, inside one jitted ``lax.while_loop``,
 each step: the drafter proposes a chain of N tokens or a tree, the target scores
 the pending token and the drafts (and any lookahead tokens) in one forward, the
 vmapped verifier accepts a prefix or a path per row, each row's caches roll back
-to its own length (a tree's accepted path moved into place first), and EOS and the
-budget end each row on its own. A step where no row has a draft is a plain one
+to its length (a tree's accepted path moved into place first), and EOS and the
+budget end each row. A step where no row has a draft is a plain one
 (:func:`jspec.control.cond`). The engine knows drafters only through
 :class:`jspec.drafters.base.Drafter`. An :class:`Adaptive` policy may take a plain step, or
 verify a narrower chain, where that pays more.
@@ -144,11 +144,11 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     target = nnx.merge(loop.graphdef, target_weights)
     drafter = merge_drafter(loop.drafter, drafter_leaves)
     n, num_nodes, extra = drafter.num_draft, drafter.num_nodes, drafter.num_lookahead
-    width = num_nodes or n + 1  # the verified block: a tree's nodes, or the pending token and N drafts
+    width = num_nodes or n + 1  # the verified block: a tree's nodes, or the pending token + N drafts
     b = prompts.shape[0]
     capacity = config.capacity(width + extra)
-    hidden_layers = drafter.hidden_layers  # what the drafter reads of the target, e.g. EAGLE's features
-    widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's narrower widths
+    hidden_layers = drafter.hidden_layers  # what the drafter reads of the target (EAGLE's features)
+    widths = () if loop.adaptive is None else loop.adaptive.widths  # an adaptive draft length's
 
     view = lambda s: (s.out, s.num_generated, s.done)  # noqa: E731
     if state is None:
@@ -305,7 +305,7 @@ class SpeculativeDecoder:
         target: the target model (see :mod:`jspec.decode` for the interface).
         drafter: a :class:`jspec.drafters.base.Drafter` with its weights (:func:`jspec.make_drafter`).
         eos_ids: tokens that end a row.
-        verifier: the batched chain verifier; tests pass a broken one as a negative control.
+        verifier: the batched chain verifier (tests pass a broken one: a negative control).
         mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split over
           ``data``, the target's weights and KV cache over ``model``, the drafter's replicated.
         adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
@@ -339,11 +339,11 @@ class SpeculativeDecoder:
         self._compiled = CompiledLoops()
 
     def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
-            on_tokens=None):  # fmt: skip
-        """(the final :class:`LoopState`, compile seconds, run seconds), for tools that read the loop's
+            on_tokens=None, pad_to: int | None = None):  # fmt: skip
+        """(the final :class:`LoopState`, compile seconds, run seconds), for tools reading its
         state; :meth:`generate` is the usual call."""
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
-                             on_tokens)  # fmt: skip
+                             on_tokens, pad_to)  # fmt: skip
         loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
         args = (self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
         run, compile_s = compile_request(self._compiled, batch.rows, loop, speculative_loop, args, self.mesh, on_tokens)
@@ -353,9 +353,9 @@ class SpeculativeDecoder:
         return final, compile_s, time.perf_counter() - t0
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
-                 on_tokens=None):  # fmt: skip
-        """As :meth:`jspec.Decoder.generate`: token-id lists of any lengths, ``on_tokens`` too."""
-        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens)
+                 on_tokens=None, pad_to: int | None = None):  # fmt: skip
+        """As :meth:`jspec.Decoder.generate` (``on_tokens`` and ``pad_to`` too)."""
+        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens, pad_to)
         b = len(prompts)
         final = to_host(final)
         out, counts = final.out, final.num_generated

@@ -24,3 +24,22 @@ def test_run_prompts_sums_runs_and_reports_speculation():
     assert spec["new_tokens"] == 12 and len(spec["acceptance_by_position"]) == 3
     assert spec["target_calls"] == 2 + spec["verify_steps"] + spec["plain_steps"]
     assert 1.0 <= spec["tau"] <= 4.0
+
+
+def test_one_shape_runs_every_prompt_in_one_program_with_the_lone_request_tokens():
+    """Prompts in three length buckets: one compiled loop per decoder (one_shape), three without."""
+    from jspec.bench import run_interleaved
+
+    model = tiny_model("llama")
+    prompts = [[3, 4, 5, 3, 4], list(range(3, 23)), [7, 8, 9, 7, 8, 9] * 7]  # buckets 16, 32, 64
+    one = {"plain": Decoder(model), "ngram": SpeculativeDecoder(model, PromptLookup(num_draft=3))}
+    run_interleaved(one, prompts, 6, None)
+    assert [len(d._compiled) for d in one.values()] == [1, 1]
+    for decoder in one.values():
+        for p in prompts:  # sized for the longest prompt, the same tokens as a lone request
+            assert decoder.generate([p], 6, pad_to=len(prompts[-1])).tokens == decoder.generate([p], 6).tokens
+    each = {"plain": Decoder(model)}
+    run_interleaved(each, prompts, 6, None, one_shape=False)  # negative control: a loop per bucket
+    assert len(each["plain"]._compiled) == 3
+    with pytest.raises(ValueError, match="pad_to must be a positive token count"):
+        one["plain"].generate([prompts[0]], 6, pad_to=0)
