@@ -24,10 +24,27 @@ def test_a_profile_holds_every_forward_and_drafter_measured(profile):
     assert profile.relative_forward(1) == 1.0 and profile.batch == 4  # batch 3 is measured at its bucket
     assert set(profile.drafters) == {"ngram:N=2", "draft:N=3"}
     assert profile.relative_drafter("draft:N=3") > 0 and profile.dtype == "float32"
-    with pytest.raises(ValueError, match=r"forwards of 1\.\.4 tokens, not 9"):
+    with pytest.raises(ValueError, match=r"forwards of \[1, 2, 3, 4\] tokens, not 9"):
         profile.relative_forward(9)
     with pytest.raises(ValueError, match="no drafter 'eagle3:N=1'"):
         profile.relative_drafter("eagle3:N=1")
+
+
+def test_a_quick_profile_measures_the_verify_widths_alone_and_is_reused_while_it_covers(monkeypatch, tmp_path):
+    from jspec.tune import costs
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    target = tiny_model("qwen2", seed=0)
+    measured = []
+    real = costs.measure_profile
+    monkeypatch.setattr(costs, "measure_profile", lambda *a, **k: measured.append(k["widths"]) or real(*a, **k))
+    quick = {f"ngram:N={n}": PromptLookup(num_draft=n) for n in (2, 4)}
+    profile, _, cached = costs.ensure_profile(target, "tiny", quick, max_k=None)
+    assert not cached and sorted(profile.forward_ms) == [1, 3, 5]  # a plain step, N + 1 for each N
+    assert costs.ensure_profile(target, "tiny", quick, max_k=None)[2]  # covered: read back
+    assert costs.ensure_profile(target, "tiny", {"ngram:N=2": quick["ngram:N=2"]}, max_k=None)[2]
+    profile, _, cached = costs.ensure_profile(target, "tiny", quick, max_k=4)  # 2 and 4 were never measured
+    assert not cached and sorted(profile.forward_ms) == [1, 2, 3, 4, 5] and len(measured) == 2
 
 
 def test_profiles_round_trip_and_are_keyed_by_what_changes_costs(profile, tmp_path):

@@ -157,7 +157,9 @@ def _cmd_tune(args) -> int:
     drafters = {name: d for name, d in drafters.items() if name.split(":")[0] in families}
     recs, rows, profiles, cache = [], [], {}, {}
     for batch in batches:
-        profile, path, cached = ensure_profile(model, args.model, drafters, batch=batch, mesh=mesh)
+        profile, path, cached = ensure_profile(
+            model, args.model, drafters, batch=batch, mesh=mesh, max_k=None if args.quick else 8
+        )  # quick: the verify widths alone
         profiles[batch] = {"path": str(path), "cached": cached}
         print(f"cost profile at batch {batch}: {'cached' if cached else 'measured'} ({path})", file=sys.stderr)
         for t in temperatures:

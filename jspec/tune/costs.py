@@ -118,7 +118,7 @@ def _drafter_fns(target, drafter, context: int, batch: int, prefilled=None, mesh
     that read the same layers, so the target's prefill compiles once).
     """
     check_drafter(drafter)
-    width = (drafter.num_nodes or drafter.num_draft + 1) + drafter.num_lookahead
+    width = _verify_width(drafter)
     if width > _CAPACITY_SLACK // 2:
         raise ValueError(
             f"a step of {width} tokens is more than the profile measures (at most {_CAPACITY_SLACK // 2})."
@@ -193,8 +193,8 @@ class CostProfile:
     def relative_forward(self, k: int) -> float:
         """r(k): a k-token forward over a one-token step."""
         if k not in self.forward_ms:
-            raise ValueError(f"the profile measured forwards of 1..{max(self.forward_ms)} tokens, not {k}; "
-                             "re-measure with a larger max_k.")  # fmt: skip
+            raise ValueError(f"the profile measured forwards of {sorted(self.forward_ms)} tokens, not {k}; "
+                             "re-measure with that width (jspec tune profile --force --max-k K).")  # fmt: skip
         return self.forward_ms[k] / self.step_ms
 
     def relative_drafter(self, name: str) -> float:
@@ -276,10 +276,12 @@ def weights_dtype(model) -> str:
 
 
 def measure_profile(target, model_name: str, drafters: Mapping[str, object] | None = None, *, batch: int = 1,
-                    max_k: int = 8, context: int = 256, repeats: int = 7, mesh=None) -> CostProfile:  # fmt: skip
-    """Measures a :class:`CostProfile`: forwards of 1..``max_k`` tokens and each drafter's step, all
-    interleaved round by round after a warm-up round, at the batch bucket of ``batch`` (rounded up to
-    a multiple of the mesh's data axis), over ``mesh`` when given."""
+                    max_k: int = 8, context: int = 256, repeats: int = 7, mesh=None,
+                    widths=None) -> CostProfile:  # fmt: skip
+    """Measures a :class:`CostProfile`: forwards of 1..``max_k`` tokens (or of 1 and the ``widths``
+    given: each width is a program to compile) and each drafter's step, all interleaved round by
+    round after a warm-up round, at the batch bucket of ``batch`` (rounded up to a multiple of the
+    mesh's data axis), over ``mesh`` when given."""
     from jspec.sharding import check_mesh, padded_rows
 
     if max_k < 1 or context < 1 or repeats < 1:
@@ -287,8 +289,9 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
     check_mesh(mesh, target.config)
     t0 = time.perf_counter()
     rows = padded_rows(mesh, bucket(batch, minimum=1))
+    ks = sorted({1, *widths}) if widths else list(range(1, max_k + 1))
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        fns = _forward_fns(target, max_k, context, rows, mesh=mesh)
+        fns = _forward_fns(target, max(ks), context, rows, ks, mesh=mesh)
         prefilled = {}
         for name, drafter in (drafters or {}).items():
             layers = tuple(drafter.hidden_layers)
@@ -297,7 +300,7 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
             for part, fn in _drafter_fns(target, drafter, context, rows, prefilled[layers], mesh).items():
                 fns[f"{name}|{part}"] = fn
         ms = _interleaved_medians(fns, repeats)
-    forward = {k: ms[f"forward:{k}"] for k in range(1, max_k + 1)}
+    forward = {k: ms[f"forward:{k}"] for k in ks}
     costs = {name: {"propose_ms": ms[f"{name}|propose"], "commit_ms": ms[f"{name}|commit"]} for name in drafters or {}}
     return CostProfile(
         model=model_name,
@@ -319,17 +322,19 @@ def save_profile(profile: CostProfile, path) -> pathlib.Path:
     return write_text(path, json.dumps(profile.to_json(), indent=1))
 
 
-def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, batch: int = 1, max_k: int = 8,
-                   force: bool = False, mesh=None) -> tuple[CostProfile, pathlib.Path, bool]:  # fmt: skip
-    """The cached profile when it covers ``drafters`` and forwards of ``max_k`` tokens, else a new one
-    measured and cached; returns (profile, its path, whether it was cached). A damaged cached file is
-    refused (and kept), unless ``force``."""
-    max_k = max(verify_widths(drafters), max_k)
+def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, batch: int = 1,
+                   max_k: int | None = 8, force: bool = False,
+                   mesh=None) -> tuple[CostProfile, pathlib.Path, bool]:  # fmt: skip
+    """The cached profile when it covers ``drafters`` and forwards of 1..``max_k`` tokens and of
+    every drafter's verify width (``max_k`` None: those widths alone, as a quick tune needs), else a
+    new one measured and cached; returns (profile, its path, whether it was cached). A damaged
+    cached file is refused (and kept), unless ``force``."""
+    widths = {1, *(_verify_width(d) for d in drafters.values())} | set(range(1, (max_k or 0) + 1))
     path = profile_path(model_name, batch, dtype=weights_dtype(target), mesh=mesh)
     cached = None if force else load_profile(path)
-    if cached is not None and set(drafters) <= set(cached.drafters) and max(cached.forward_ms) >= max_k:
+    if cached is not None and set(drafters) <= set(cached.drafters) and widths <= set(cached.forward_ms):
         return cached, path, True
-    profile = measure_profile(target, model_name, drafters, batch=batch, max_k=max_k, mesh=mesh)
+    profile = measure_profile(target, model_name, drafters, batch=batch, mesh=mesh, widths=widths)
     save_profile(profile, path)
     return profile, path, False
 
@@ -367,6 +372,6 @@ def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7
     return drafters
 
 
-def verify_widths(drafters: Mapping[str, object]) -> int:
-    """The widest target forward the drafters' verify steps run (a tree's nodes, or N + 1)."""
-    return max([(d.num_nodes or d.num_draft + 1) + d.num_lookahead for d in drafters.values()], default=1)
+def _verify_width(drafter) -> int:
+    """The tokens of one verify forward: a tree's nodes, or N + 1, and any lookahead window."""
+    return (drafter.num_nodes or drafter.num_draft + 1) + drafter.num_lookahead
