@@ -154,6 +154,7 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     assert speedup_interval(one, one | {"batch_seconds": [1.0]}) == (0.0, float("inf"))  # one prompt: no confidence
 
 
+@pytest.mark.slow  # 44 s; pick (by interval) and predict are tested alone here, the tuner in auto_cells.py
 def test_tune_cell_probes_predicts_measures_and_recommends_on_a_tiny_model(target):
     drafters = {f"ngram:N={n}": PromptLookup(num_draft=n, min_ngram=1) for n in (1, 2, 3)}
     profile = measure_profile(target, "tiny", drafters, max_k=4, context=32, repeats=2)

@@ -133,6 +133,7 @@ def test_generate_ngram_reports_speculation_stats(capsys, smollm2):
     assert "--draft-model" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 40 s; run_interleaved and the speedup intervals are tested in test_bench.py and test_auto.py
 def test_bench_json(capsys, smollm2, tmp_path):
     path = tmp_path / "question.jsonl"
     turns = ["Repeat exactly: one two three one two three one two three", "Say hello."]
@@ -201,6 +202,7 @@ print(json.dumps(codes))
 """
 
 
+@pytest.mark.slow  # 50 s; meshes give the one-device tokens in test_sharding.py (a mesh fixture and two processes)
 def test_generate_over_a_mesh_gives_the_one_device_tokens(capsys, smollm2):
     """SmolLM2 split over 3 of 6 simulated devices (9 heads, 3 KV heads: 3 per device) and 2 rows' worth of data."""
     import os

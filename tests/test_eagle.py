@@ -394,6 +394,7 @@ def test_loss_on_the_window_equals_the_loss_on_every_row(target, kind):
         loss_window(mask, steps)
 
 
+@pytest.mark.slow  # 23 s; an evaluation measure, not decoding
 def test_teacher_forced_agreement_scores_the_drafts_decoding_would_make(target):
     """A continuation written by the head's own step-0 drafts agrees at every scored row of step 0."""
     head = _head(target, "eagle3")

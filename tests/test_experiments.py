@@ -7,6 +7,7 @@ from experiment import ROOT
 from experiment import load_experiment as _load
 
 
+@pytest.mark.slow  # 8 s; the speedup math is tested in test_speedup.py
 def test_speedup_table_tiny(tmp_path, capsys):
     result = _load("speedup_table").main(["--tiny", "--out", str(tmp_path)])
     assert (tmp_path / "speedup.png").stat().st_size > 10_000
@@ -38,6 +39,7 @@ def test_adaptive_fallback_tiny(tmp_path, smollm2):
     assert (tmp_path / "adaptive_fallback.png").stat().st_size > 5_000
 
 
+@pytest.mark.slow  # 18 s; the soak script's pieces (batches of mixed lengths, budgets) are tested in test_fuzz.py
 def test_soak_small(tmp_path):
     """The soak, shortened (30 requests, 1-2 rows, two methods on a tiny model): every check passes, each
     shape class compiles its loop once, every sampled request replayed, every greedy one checked."""
@@ -50,6 +52,7 @@ def test_soak_small(tmp_path):
     assert all(abs(g) <= 0.05 for g in report["growth_after_warmup"].values())
 
 
+@pytest.mark.slow  # 13 s; tree verification itself is tested in test_tree.py
 def test_tree_toy_small(tmp_path):
     result = _load("tree_toy").main(["--vocab", "8", "--trials", "3000", "--mix", "0.6", "--out", str(tmp_path)])
     row = result["rows"][0]
@@ -87,6 +90,7 @@ def _random_training_data(folder, hidden_size):
     write_shards(data, folder, {"feature_layers": [2, 15, 27]})
 
 
+@pytest.mark.slow  # 12 s; training steps are tested in test_eagle.py
 def test_bench_train_step_small(tmp_path, smollm2):
     _random_training_data(tmp_path / "d", smollm2[0].config.hidden_size)
     args = ["--data", str(tmp_path / "d"), "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "64"]
@@ -94,6 +98,7 @@ def test_bench_train_step_small(tmp_path, smollm2):
     assert report["window"] == 16 and report["median_step_seconds"]["window"] > 0
 
 
+@pytest.mark.slow  # 6 s on SmolLM2; batched decoding is tested in test_decode.py
 def test_batch_decode_cost_small(tmp_path, smollm2):
     # --generate is left out here (two more compilations, 30 s); test_decode checks that the
     # tight cache gives the same tokens.
@@ -104,6 +109,7 @@ def test_batch_decode_cost_small(tmp_path, smollm2):
     assert (tmp_path / "batch_decode_cost.json").exists()
 
 
+@pytest.mark.slow  # 25 s; the agreement measure is tested in test_eagle.py
 def test_head_agreement_small(tmp_path, smollm2):
     head = ROOT / "models" / "heads" / "smollm2-135m-eagle3"
     argv = ["--heads", str(head), "--prompts", "humaneval", "--limit", "1", "--max-new-tokens", "8", "--steps", "2"]
@@ -115,6 +121,7 @@ def test_head_agreement_small(tmp_path, smollm2):
     assert (tmp_path / "head_agreement.json").exists()
 
 
+@pytest.mark.slow  # 27 s; warm starts are tested in test_eagle.py
 def test_warm_start_small(tmp_path, smollm2):
     _random_training_data(tmp_path / "d", smollm2[0].config.hidden_size)
     argv = ["--data", str(tmp_path / "d"), "--steps", "2", "--batch-size", "2", "--ttt-steps", "2",

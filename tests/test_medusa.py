@@ -208,6 +208,7 @@ def test_best_branching_is_the_best_tree_within_the_node_budget():
         best_branching([[0.9, 0.5]], 4)
 
 
+@pytest.mark.slow  # 11 s; a tool that picks a tree from measured rates, not decoding
 def test_rank_rates_agree_with_the_loss_and_choose_the_measured_tree():
     """Rank 1's rate is the loss's top-1 agreement on the same rows; a measured tree is the best
     branching of those rates; without rates it is refused."""

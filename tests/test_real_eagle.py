@@ -14,6 +14,7 @@ from jspec.heads import load_head
 from jspec.training.recipe import Recipe, load_extra_data, train_head
 
 
+@pytest.mark.slow  # 58 s; greedy EAGLE-3 on SmolLM2 = plain: test_real_shipped_head.py; training: test_eagle.py
 def test_tiny_training_run_then_greedy_eagle_equals_plain(smollm2, tmp_path, capsys):
     out = tmp_path / "head"
     assert main(["train", "eagle3", "--model", "smollm2-135m", "--tiny", "--out", str(out), "--eval-prompts", "1",

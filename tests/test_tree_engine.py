@@ -203,6 +203,7 @@ def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkey
         assert not np.allclose(broken.cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5)
 
 
+@pytest.mark.slow  # 29 s; a tool for looking inside a step (jspec.trace), not part of decoding
 def test_first_step_trace_is_the_loops_first_step(target):
     """jspec.trace.first_step: the tree, the accepted path and the tokens of the loop's first step
     (sampled: the same keys; a chain and a drafter that finds nothing to draft, a plain step)."""
