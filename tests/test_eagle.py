@@ -128,6 +128,7 @@ def test_batch_order_is_a_function_of_the_step():
     assert a[:3] != [batch_order(10, 3, s, seed=1).tolist() for s in range(3)]
 
 
+@pytest.mark.slow  # 22 s; the trainer's resume is tested on Medusa heads, a killed EAGLE run below
 def test_resumed_run_ends_where_an_uninterrupted_one_does(target, tmp_path):
     data = _data(target, n=12)
     straight = _trainer(target, _head(target), total_steps=6, num_steps=2)

@@ -302,6 +302,13 @@ def test_parity_fails_when_a_format_fact_is_broken(target, tmp_path):
         assert not same or gap > 1e-3
 
 
+# ~23 s each; the three EAGLE-3 formats load into one head class, so one of them runs in make test
+# (each format's drafts equal its reference's in test_each_format_is_detected_...).
+_ONE_EAGLE3 = [pytest.param(f, marks=pytest.mark.slow if f in ("eagle3-safeailab", "eagle3-speculators") else ())
+               for f in FORMATS]  # fmt: skip
+
+
+@pytest.mark.parametrize("published", _ONE_EAGLE3, indirect=True)
 def test_greedy_output_equals_plain_decoding_with_every_loaded_head(published, target):
     """Chains for every format; EAGLE-2 dynamic trees for the EAGLE heads, a static tree for Medusa."""
     fmt, _, _, head = published
