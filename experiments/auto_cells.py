@@ -3,7 +3,7 @@
     python experiments/auto_cells.py [--model smollm2-135m] [--draft-model NAME]
         [--workloads mt-bench,humaneval,spec-bench:summarization,spec-bench:rag,spec-bench:math_reasoning]
         [--temperatures 0,1] [--tune-skip 8] [--tune-limit 4] [--tune-quick] [--limit 3] [--max-new-tokens 96]
-        [--batch 1] [--num-draft 1,2,3,4,5,6,7] [--out experiments/out] [--tiny]
+        [--batch 1] [--num-draft 1,2,3,4,5,6,7] [--fixed ngram:N=3,ngram:N=7,...] [--out experiments/out] [--tiny]
 
 For each workload: ``jspec tune`` on a slice of its prompts (``--tune-skip`` on, ``--tune-limit``
 prompts), then, on the first ``--limit`` prompts (never tuned on), every decoder runs every prompt,
@@ -16,7 +16,9 @@ setting, whether the tuner's predicted best is among the two fastest measured, a
 predicted against measured speedups; and the goals over all cells: auto never measurably slower
 than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean
 in at least 80% of the cells. ``--tune-quick`` tunes with ``jspec tune --quick`` (its own prompt
-count and length). Writes ``auto_cells.json`` and ``auto_cells.png`` to --out.
+count and length); ``--fixed`` names the fixed settings instead. Writes ``auto_cells.json`` (after
+every cell) and ``auto_cells.png`` to --out; run again with the same arguments, it keeps the cells
+that file holds and the workloads' tuned configs, and measures only what is missing.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--num-draft", default=None, help="chain lengths the tuner considers (default 1..7)")
+    parser.add_argument("--fixed", default=None,
+                        help="fixed settings, e.g. ngram:N=3,eagle3:N=5,eagle3:tree=dynamic (default: prompt "
+                             "lookup N = 3, 7; EAGLE-3 N = 5 and dynamic tree; draft N = 4, 7)")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one workload, T = 0, 2 prompts, 12 tokens (tests)")
     args = parser.parse_args(argv)
@@ -98,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
         fixed += [Setting("eagle3", num_draft=5), Setting("eagle3", tree="dynamic")]
     if draft_model is not None:
         fixed += [Setting("draft", num_draft=4), Setting("draft", num_draft=7)]
+    if args.fixed:
+        fixed = [_setting_of(name.strip()) for name in args.fixed.split(",") if name.strip()]
     decoders: dict = {}
 
     def decoder(setting: Setting):
@@ -108,8 +115,16 @@ def main(argv: list[str] | None = None) -> dict:
                                              **setting.options(), **extra)  # fmt: skip
         return decoders[setting]
 
-    cells, tuned_runs = [], {}
+    run_args = {k: str(v) for k, v in vars(args).items() if k != "out"}
+    saved = args.out / "auto_cells.json"
+    previous = json.loads(saved.read_text()) if saved.exists() else {}
+    same = previous.get("args") == run_args  # a killed run of the same grid: keep its cells
+    cells, tuned_runs = (previous["cells"], previous.get("tune", {})) if same else ([], {})
+    done = {(c["workload"], c["temperature"]) for c in cells}
+    temperatures = [float(x) for x in args.temperatures.split(",")]
     for workload in args.workloads.split(","):
+        if all((workload, t) in done for t in temperatures):
+            continue
         # XLA on CPU maps each compiled program into memory regions of its own (65,530 per process):
         # drop every workload's programs before the next (a full run died there once, BENCHMARKS.md).
         decoders.clear()
@@ -118,17 +133,22 @@ def main(argv: list[str] | None = None) -> dict:
         jax.clear_caches()
         prompts, _, category = workload.partition(":")
         slug = workload.replace(":", "_")
-        t0 = time.perf_counter()
-        tuned = _tune(args, workload, prompts, category or None, args.out / f"tuned_{slug}.json")
-        tune_s = time.perf_counter() - t0
-        config = TunedConfig.from_json(tuned["config"])
-        tuned_runs[workload] = {"seconds": tune_s, "candidates": config.candidates,
-                                "recommendations": [r.to_json() for r in config.recommendations]}  # fmt: skip
+        if workload in tuned_runs:  # tuned before the run was killed
+            config = TunedConfig.from_json(tuned_runs[workload]["config"])
+        else:
+            t0 = time.perf_counter()
+            tuned = _tune(args, workload, prompts, category or None, args.out / f"tuned_{slug}.json")
+            config = TunedConfig.from_json(tuned["config"])
+            tuned_runs[workload] = {"seconds": time.perf_counter() - t0, "config": tuned["config"],
+                                    "candidates": config.candidates,
+                                    "recommendations": [r.to_json() for r in config.recommendations]}  # fmt: skip
         auto = make_decoder("auto", model, eos_ids=eos, config=config, model_name=args.model, head=head,
                             draft_model=draft_model)  # fmt: skip
         chosen = load_prompts(prompts, category or None, args.limit)
         ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in chosen]
-        for t in (float(x) for x in args.temperatures.split(",")):
+        for t in temperatures:
+            if (workload, t) in done:
+                continue
             rows = [r for r in config.candidates if r["temperature"] == t and r["batch"] == args.batch]
             spec = [r for r in rows if r["name"] != "ar" and not r["name"].endswith("+adaptive")]
             predicted_best = max(spec, key=lambda r: r["predicted_speedup"])["name"]
@@ -158,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                             runs.items()},
             }  # fmt: skip
             cells.append(cell)
-            (args.out / "auto_cells.json").write_text(json.dumps({"cells": cells, "partial": True}, indent=1))
+            saved.write_text(json.dumps({"args": run_args, "cells": cells, "tune": tuned_runs, "partial": True}))
             lo, hi = intervals["auto"]
             print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain ({lo:.3f}-{hi:.3f}; ran {cell['auto_ran']}), "
                   f"best fixed {best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "
@@ -171,10 +191,10 @@ def main(argv: list[str] | None = None) -> dict:
              "within_5pct_in_80pct_of_cells": sum(near_best) >= 0.8 * len(cells)}  # fmt: skip
     print(f"goals: auto's interval reaches 1.0 in {sum(never_slower)} of {len(cells)} cells; within 5% of the best "
           f"fixed setting in {sum(near_best)} of {len(cells)}", file=sys.stderr)  # fmt: skip
-    report = {"model": args.model, "draft_model": args.draft_model, "max_new_tokens": args.max_new_tokens,
-              "limit": args.limit, "tune_quick": args.tune_quick, "tune": tuned_runs, "cells": cells,
-              "goals": goals}  # fmt: skip
-    (args.out / "auto_cells.json").write_text(json.dumps(report, indent=1))
+    report = {"args": run_args, "model": args.model, "draft_model": args.draft_model,
+              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "tune_quick": args.tune_quick,
+              "tune": tuned_runs, "cells": cells, "goals": goals}  # fmt: skip
+    saved.write_text(json.dumps(report, indent=1))
     _plot(cells, args.out / "auto_cells.png", args.model)
     return report
 

@@ -121,16 +121,17 @@ def test_generate_bad_input(capsys):
     assert "total" in capsys.readouterr().err
     assert main(["generate", "--method", "eagle3", "--tree", "dynamic", "--num-draft", "5", "--prompt", "x"]) == 2
     assert "conflicts with the tree" in capsys.readouterr().err
+    assert main(["generate", "--method", "draft", "--prompt", "x"]) == 2
+    assert "--draft-model" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 20 s; the same stats through the API in test_api.py, --json above on plain decoding
 def test_generate_ngram_reports_speculation_stats(capsys, smollm2):
     argv = ["generate", "--method", "ngram", "--num-draft", "3", "--prompt", "a b c a b c a b", "--max-new-tokens", "8"]
     code, out = _json(capsys, [*argv, "--json"])
     assert code == 0
     assert {"tau", "acceptance_by_position", "target_calls"} <= out["stats"].keys()
     assert len(out["stats"]["acceptance_by_position"]) == 3
-    assert main(["generate", "--method", "draft", "--prompt", "x"]) == 2
-    assert "--draft-model" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # 40 s; run_interleaved and the speedup intervals are tested in test_bench.py and test_auto.py

@@ -25,13 +25,13 @@ from jspec.engine import SpeculativeDecoder
 model = tiny_model()
 folder = enable_compilation_cache()
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-entries = [p for p in pathlib.Path(folder).iterdir() if p.name.endswith("-cache")] if folder else []
-if sys.argv[1] == "corrupt":  # every entry: garbage of the same length, then the same run
-    for p in entries:
-        p.write_bytes(bytes(reversed(p.read_bytes())))
+entries = sorted(p for p in pathlib.Path(folder).iterdir() if p.name.endswith("-cache")) if folder else []
+corrupted = entries[::2] if sys.argv[1] == "corrupt" else []  # every other entry: garbage of the same length
+for p in corrupted:
+    p.write_bytes(bytes(reversed(p.read_bytes())))
 plain = Decoder(model).generate([[5, 6, 7]], 8, on_tokens=lambda t, c: None)
 spec = SpeculativeDecoder(model, PromptLookup(num_draft=3)).generate([[5, 6, 7, 5, 6]], 8)
-print(json.dumps({"folder": str(folder), "hits": len(hits), "entries": len(entries),
+print(json.dumps({"folder": str(folder), "hits": len(hits), "entries": len(entries), "corrupted": len(corrupted),
                   "tokens": [plain.tokens, spec.tokens]}))
 """
 
@@ -50,16 +50,16 @@ def _rounds(tmp_path, actions: str, cache: str) -> tuple[list[dict], list[str]]:
 
 def test_loops_are_found_in_the_cache_and_a_corrupt_entry_is_compiled_afresh_with_one_line(tmp_path):
     """Round 1 compiles and writes both loops' programs (no host callback in them, even streamed:
-    a program with one is never written); round 2 finds them all; round 3 finds every entry
-    corrupted, says so once per entry in one line, compiles afresh and gives the same tokens."""
-    (first, again, corrupt), (_, again_err, err) = _rounds(tmp_path, "first,again,corrupt", str(tmp_path / "xla"))
-    assert first["folder"] == str(tmp_path / "xla")
-    assert first["hits"] == 0 and again["hits"] >= 3  # plain streamed: start and resume; speculative: whole
-    assert again["entries"] >= 3 and corrupt["hits"] == 0
-    assert first["tokens"] == again["tokens"] == corrupt["tokens"]
-    assert "compilation cache" not in again_err
+    a program with one is never written); round 2 finds every other entry corrupted: it reads the
+    sound ones back (cache hits, no word said), says so once per corrupted entry in one line,
+    compiles those afresh and gives the same tokens."""
+    (first, second), (_, err) = _rounds(tmp_path, "first,corrupt", str(tmp_path / "xla"))
+    assert first["folder"] == str(tmp_path / "xla") and first["hits"] == 0
+    assert second["entries"] >= 3  # plain streamed: start and resume; speculative: whole (and small eager ops)
+    assert first["tokens"] == second["tokens"]
     lines = [line for line in err.splitlines() if "compilation cache" in line]
-    assert len(lines) >= 3 and all(line.startswith("jspec: warning: Error reading") for line in lines), err
+    assert second["hits"] >= 1 and 1 <= len(lines) <= second["corrupted"], err  # each entry read has its word
+    assert all(line.startswith("jspec: warning: Error reading") for line in lines), err
     assert "Traceback" not in err
 
 

@@ -154,6 +154,9 @@ def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
     lo, hi = cell["auto_over_plain_interval"]
     assert lo <= hi and report["goals"]["cells"] == 1
     assert sorted(p.name for p in (cache / "tuned").glob("*/*.json")) == ["humaneval.json", "latest.json"]
+    module = _load("auto_cells")  # run again with the same arguments: the finished cell is kept, nothing measured
+    monkeypatch.setattr(module, "_tune", lambda *a: pytest.fail("tuned again"))
+    assert module.main(["--tiny", "--out", str(tmp_path)])["cells"] == report["cells"]
 
 
 @pytest.mark.slow  # ~60 s on SmolLM2; Lookahead decoding itself is tested in test_lookahead.py
