@@ -1,0 +1,232 @@
+"""The user's own conversations as training data: ShareGPT and OpenAI chat JSONL files.
+
+A row is one conversation, in either of the two formats people have:
+
+- ShareGPT: ``{"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}, ...]}``
+- OpenAI chat: ``{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}``
+  (``content`` a string, or a list of ``{"type": "text", "text": ...}`` parts).
+
+Each conversation is rendered with the target's chat template, as at inference, and tokenized;
+the loss mask covers the assistant's turns (their text and the template's end of turn), found
+by rendering the conversation turn by turn. Rows that cannot be used (invalid JSON, an unknown
+role, an empty turn, no assistant turn, longer than ``seq_len`` tokens after templating, a
+template that refuses them or does not render turn by turn) are counted and skipped; one line
+names the file and the first offending line numbers per reason; a file with no usable row is
+refused.
+
+The result is stored as token ids and masks (3 bytes a token for a vocabulary under 65,536),
+content-addressed by the file's SHA-256, the tokenizer, the chat template and ``seq_len``, under
+``$JSPEC_CACHE/data/conversations``: a second run never tokenizes the file again.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import pathlib
+import zipfile
+
+import numpy as np
+
+from jspec.files import atomic_write
+
+__all__ = ["Conversations", "load_conversations", "parse_row", "read_rows", "tokenize_conversation"]
+
+FORMAT = 1  # raise when what is stored for a file changes
+ROLES = {
+    "conversations": ("from", "value", {"system": "system", "human": "user", "gpt": "assistant"}),
+    "messages": ("role", "content", {"system": "system", "user": "user", "assistant": "assistant"}),
+}
+_SHOWN = 5  # line numbers shown per reason
+
+
+@dataclasses.dataclass
+class Conversations:
+    """Tokenized conversations of one file.
+
+    Attributes:
+      ids: per conversation, int32 token ids (chat-templated).
+      masks: per conversation, bool: the tokens the loss is taken on (the assistant's).
+      skipped: reason -> line numbers (1-based) of the rows left out.
+      source: the file; sha256: its content hash.
+    """
+
+    ids: list[np.ndarray]
+    masks: list[np.ndarray]
+    skipped: dict[str, list[int]]
+    source: str
+    sha256: str
+
+    def summary(self) -> str:
+        """One line: what was kept, and per reason how many rows were skipped and the first lines."""
+        line = f"{self.source}: {len(self.ids)} conversations kept ({sum(int(m.sum()) for m in self.masks)} " \
+               f"assistant tokens)"  # fmt: skip
+        if self.skipped:
+            parts = [f"{reason}: {len(lines)} (line{'s' if len(lines) > 1 else ''} "
+                     f"{', '.join(map(str, lines[:_SHOWN]))}{', ...' if len(lines) > _SHOWN else ''})"
+                     for reason, lines in self.skipped.items()]  # fmt: skip
+            line += f"; {sum(len(v) for v in self.skipped.values())} skipped: " + "; ".join(parts)
+        return line
+
+
+def _text(content):
+    """A message's text: a string, or OpenAI's list of text parts; None for anything else."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else [None]
+    if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    return None
+
+
+def parse_row(row) -> list[dict] | str:
+    """One JSON row as ``[{"role", "content"}, ...]``, or the reason it cannot be used."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    found = [key for key in ROLES if key in row]
+    if len(found) != 1:
+        return "neither 'conversations' (ShareGPT) nor 'messages' (OpenAI chat)" if not found else "both formats"
+    role_key, text_key, roles = ROLES[found[0]]
+    turns = row[found[0]]
+    if not isinstance(turns, list) or not turns:
+        return f"'{found[0]}' is not a non-empty list"
+    out = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            return "a turn that is not an object"
+        role = turn.get(role_key)
+        if role not in roles:
+            return f"unknown role {role!r}" if isinstance(role, str) else f"a turn without '{role_key}'"
+        text = _text(turn.get(text_key))
+        if text is None:
+            return f"a turn whose '{text_key}' is not text"
+        if not text.strip():
+            return "an empty turn"
+        out.append({"role": roles[role], "content": text})
+    if not any(m["role"] == "assistant" for m in out):
+        return "no assistant turn"
+    return out
+
+
+def read_rows(path) -> tuple[list[tuple[int, list[dict]]], dict[str, list[int]]]:
+    """(usable rows as (line number, messages), reason -> line numbers of the others); blank lines skipped."""
+    rows, skipped = [], collections.defaultdict(list)
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                parsed = parse_row(json.loads(line))
+            except json.JSONDecodeError:
+                parsed = "invalid JSON"
+            if isinstance(parsed, str):
+                skipped[parsed].append(number)
+            else:
+                rows.append((number, parsed))
+    return rows, dict(skipped)
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], seq_len: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """(token ids, mask over the assistant's tokens) of one conversation templated as at inference,
+    or the reason it cannot be used.
+
+    Turn i of the assistant covers the tokens between the conversation rendered up to turn i with
+    the generation prompt (the assistant header) and rendered through turn i: its text and the
+    template's end of turn. Both renderings must be prefixes of the whole one in tokens; a template
+    that rewrites earlier turns (or merges tokens across a turn's edge) is refused for that row.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
+        if len(ids) > seq_len:
+            return "longer than --seq-len after templating"
+        mask = np.zeros(len(ids), bool)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = tokenizer.encode(tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True))
+            through = tokenizer.encode(tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False))
+            if ids[: len(before)] != before or ids[: len(through)] != through or len(through) <= len(before):
+                return "the chat template does not render it turn by turn"
+            mask[len(before) : len(through)] = True
+    except (ValueError, TypeError, TemplateError) as err:  # the template's own raise_exception, or jinja's
+        return f"the chat template refused it ({str(err).splitlines()[0][:80]})"
+    return np.asarray(ids, np.int32), mask
+
+
+def _tokenizer_key(tokenizer) -> str:
+    inner = getattr(tokenizer, "tokenizer", None)
+    text = inner.to_str() if hasattr(inner, "to_str") else repr(tokenizer)
+    return hashlib.sha256(f"{text}\0{getattr(tokenizer, 'chat_template', None)}".encode()).hexdigest()
+
+
+def _cache_path(sha: str, tokenizer, seq_len: int, root: pathlib.Path | None) -> pathlib.Path:
+    if root is None:
+        from jspec.models.hub import cache_root
+
+        root = cache_root() / "data" / "conversations"
+    key = hashlib.sha256(f"{FORMAT}\0{sha}\0{_tokenizer_key(tokenizer)}\0{seq_len}".encode()).hexdigest()[:24]
+    return pathlib.Path(root) / f"{key}.npz"
+
+
+def load_conversations(path, tokenizer, seq_len: int, *, root=None) -> Conversations:
+    """The file's conversations tokenized for ``tokenizer`` within ``seq_len`` tokens, read back from
+    the store when this file (by content), tokenizer, template and ``seq_len`` were seen before.
+
+    Raises ValueError naming the file when it is missing, not UTF-8, or has no usable row, and when
+    its stored form is damaged (delete that file to tokenize again).
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"--data-file {path}: no such file.")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    stored = _cache_path(sha, tokenizer, seq_len, root)
+    if stored.exists():
+        return _read_stored(stored, str(path), sha)
+    try:
+        rows, skipped = read_rows(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--data-file {path} is not UTF-8 text ({err}); save it as UTF-8 JSONL.") from err
+    ids, masks = [], []
+    for number, messages in rows:
+        got = tokenize_conversation(tokenizer, messages, seq_len)
+        if isinstance(got, str):
+            skipped.setdefault(got.replace("--seq-len", f"--seq-len {seq_len}"), []).append(number)
+        else:
+            ids.append(got[0])
+            masks.append(got[1])
+    skipped = {reason: sorted(lines) for reason, lines in skipped.items()}
+    data = Conversations(ids, masks, skipped, str(path), sha)
+    if not ids:
+        raise ValueError(f"--data-file {path} has no usable conversation ({data.summary().split('; ', 1)[-1]}); "
+                         "rows are ShareGPT {'conversations': [{'from', 'value'}]} or OpenAI chat "
+                         "{'messages': [{'role', 'content'}]} with an assistant turn.")  # fmt: skip
+    _write_stored(stored, data)
+    return data
+
+
+def _write_stored(stored: pathlib.Path, data: Conversations) -> None:
+    lengths = np.asarray([len(i) for i in data.ids], np.int64)
+    flat = np.concatenate(data.ids)
+    dtype = np.uint16 if flat.max(initial=0) < 2**16 else np.int32
+    meta = json.dumps({"format": FORMAT, "sha256": data.sha256, "skipped": data.skipped})
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(stored) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=flat.astype(dtype), mask=np.concatenate(data.masks), lengths=lengths, meta=np.asarray(meta))
+
+
+def _read_stored(stored: pathlib.Path, source: str, sha: str) -> Conversations:
+    try:
+        with np.load(stored) as z:
+            flat, mask, lengths, meta = z["ids"], z["mask"], z["lengths"], json.loads(str(z["meta"]))
+        if meta.get("format") != FORMAT or meta.get("sha256") != sha or not len(flat) == len(mask) == lengths.sum():
+            raise ValueError("its contents do not match its name")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{stored} (the tokenized {source}) is damaged ({err}); delete it and run again "
+                         "(the file is tokenized afresh).") from err  # fmt: skip
+    cuts = np.cumsum(lengths)[:-1]
+    ids = [a.astype(np.int32) for a in np.split(flat, cuts)]
+    return Conversations(ids, list(np.split(mask.astype(bool), cuts)), meta["skipped"], source, sha)

@@ -1,0 +1,109 @@
+"""The user's conversations (ShareGPT, OpenAI chat JSONL): templated as at inference, the loss on the
+assistant's tokens, bad rows counted and skipped, tokenized once and stored by content."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jspec.training.conversations import load_conversations, tokenize_conversation
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """SmolLM2's own tokenizer and ChatML template (fetched once per machine, like the model)."""
+    from jspec.models.hub import resolve_model
+    from jspec.models.tokenizer import TextTokenizer
+
+    return TextTokenizer.load(resolve_model("smollm2-135m"))
+
+
+SHAREGPT = {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi there"},
+                              {"from": "gpt", "value": "Hello! How can I help?"}, {"from": "human", "value": "2+2?"},
+                              {"from": "gpt", "value": "4."}]}  # fmt: skip
+OPENAI = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                       {"role": "assistant", "content": [{"type": "text", "text": "Hello! How can I help?"}]},
+                       {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}]}  # fmt: skip
+
+
+def _write(path, rows):
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_both_formats_give_the_same_tokens_and_the_mask_covers_exactly_the_assistant_turns(tokenizer):
+    from jspec.training.conversations import parse_row
+
+    share, openai = parse_row(SHAREGPT), parse_row(OPENAI)
+    assert share == openai
+    ids, mask = tokenize_conversation(tokenizer, share, 512)
+    # The independent reading: ChatML as SmolLM2's template writes it, each assistant turn's text and
+    # its <|im_end|> (and the newline after) are the masked tokens, nothing else.
+    text = tokenizer.apply_chat_template(share, add_generation_prompt=False)
+    assert ids.tolist() == tokenizer.encode(text)
+    masked = tokenizer.decode(ids[mask].tolist(), skip_special_tokens=False)
+    assert masked == "Hello! How can I help?<|im_end|>\n4.<|im_end|>\n"
+    unmasked = tokenizer.decode(ids[~mask].tolist(), skip_special_tokens=False)
+    assert "Hello" not in unmasked and "2+2?" in unmasked and "Be brief." in unmasked
+    assert unmasked.count("<|im_start|>assistant\n") == 2  # the header is the prompt, not the response
+
+
+def test_bad_rows_are_counted_and_skipped_with_their_line_numbers(tokenizer, tmp_path):
+    long = {"messages": [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok"}]}
+    rows = [SHAREGPT, "{not json", {"messages": [{"role": "tool", "content": "x"}]}, "", OPENAI,
+            {"conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": "a"}]},
+            {"messages": [{"role": "user", "content": "only a question"}]}, long, {"prompt": "x"}]  # fmt: skip
+    data = load_conversations(_write(tmp_path / "mixed.jsonl", rows), tokenizer, 128, root=tmp_path / "store")
+    assert len(data.ids) == 2 and data.ids[0].tolist() == data.ids[1].tolist()
+    assert data.skipped == {"invalid JSON": [2], "unknown role 'tool'": [3], "an empty turn": [6],
+                            "no assistant turn": [7], "longer than --seq-len 128 after templating": [8],
+                            "neither 'conversations' (ShareGPT) nor 'messages' (OpenAI chat)": [9]}  # fmt: skip
+    line = data.summary()
+    assert line.startswith(f"{tmp_path / 'mixed.jsonl'}: 2 conversations kept") and "6 skipped" in line
+    assert "invalid JSON: 1 (line 2)" in line
+    with pytest.raises(ValueError, match=r"nothing.jsonl has no usable conversation .*invalid JSON: 2 \(lines 1, 2\)"):
+        load_conversations(_write(tmp_path / "nothing.jsonl", ["[", "]"]), tokenizer, 128, root=tmp_path / "store")
+    with pytest.raises(ValueError, match="no such file"):
+        load_conversations(tmp_path / "missing.jsonl", tokenizer, 128)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_per_row(tokenizer):
+    """Negative control of the turn-by-turn reading: a template that drops all but the last assistant
+    turn's text cannot give each turn's tokens."""
+    import dataclasses
+
+    rewriting = dataclasses.replace(tokenizer, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] if m['role'] != 'assistant' or loop.last else '' }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))  # fmt: skip
+    from jspec.training.conversations import parse_row
+
+    assert (
+        tokenize_conversation(rewriting, parse_row(OPENAI), 512) == "the chat template does not render it turn by turn"
+    )
+    one_turn = parse_row({"messages": OPENAI["messages"][:3]})
+    assert isinstance(tokenize_conversation(rewriting, one_turn, 512), tuple)
+
+
+def test_a_file_is_tokenized_once_stored_by_content_and_a_damaged_store_is_refused(tokenizer, tmp_path, monkeypatch):
+    import jspec.training.conversations as conv
+
+    path = _write(tmp_path / "chats.jsonl", [SHAREGPT, OPENAI])
+    store = tmp_path / "store"
+    first = load_conversations(path, tokenizer, 256, root=store)
+    (stored,) = store.glob("*.npz")
+    assert stored.stat().st_size < 3 * sum(len(i) for i in first.ids) + 1_500  # uint16 ids, a byte of mask
+    monkeypatch.setattr(conv, "tokenize_conversation", lambda *a: pytest.fail("tokenized again"))
+    again = load_conversations(tmp_path / "chats.jsonl", tokenizer, 256, root=store)
+    assert [i.tolist() for i in again.ids] == [i.tolist() for i in first.ids]
+    assert all(np.array_equal(a, b) for a, b in zip(again.masks, first.masks, strict=True))
+    monkeypatch.undo()
+    assert len(list(store.glob("*.npz"))) == 1
+    load_conversations(path, tokenizer, 512, root=store)  # another seq_len: another entry
+    _write(path, [OPENAI])  # the file changed: another entry
+    assert len(load_conversations(path, tokenizer, 256, root=store).ids) == 1
+    assert len(list(store.glob("*.npz"))) == 3
+    stored.write_bytes(stored.read_bytes()[:100])
+    _write(path, [SHAREGPT, OPENAI])
+    with pytest.raises(ValueError, match=r"is damaged .* delete it and run again"):
+        load_conversations(path, tokenizer, 256, root=store)
