@@ -107,3 +107,53 @@ def test_a_file_is_tokenized_once_stored_by_content_and_a_damaged_store_is_refus
     _write(path, [SHAREGPT, OPENAI])
     with pytest.raises(ValueError, match=r"is damaged .* delete it and run again"):
         load_conversations(path, tokenizer, 256, root=store)
+
+
+def _word_tokenizer():
+    """A word-level tokenizer with a ChatML-like template whose ids fit a tiny model's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from jspec.models.tokenizer import TextTokenizer
+
+    words = ["<pad>", "<eos>", "<s>", "</s>", "user", "assistant", "system", "<unk>"]
+    vocab = {w: i for i, w in enumerate(words + [f"w{i}" for i in range(40)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+                "{% if add_generation_prompt %}<s> assistant {% endif %}")  # fmt: skip
+    return TextTokenizer(tok, (1,), template)
+
+
+def test_training_data_from_conversations_is_the_targets_features_over_them_and_made_once(tmp_path, monkeypatch):
+    import jax.numpy as jnp
+    from tiny import tiny_model
+
+    from jspec.heads import HeadConfig
+    from jspec.training import Recipe
+    from jspec.training.conversations import parse_row
+    from jspec.training.data import feature_forward
+    from jspec.training.recipe import prepare_data
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path / "cache"))
+    tok, target = _word_tokenizer(), tiny_model(vocab_size=48)
+    rows = [{"messages": [{"role": "user", "content": " ".join(f"w{(3 * i + j) % 40}" for j in range(1 + i % 4))},
+                          {"role": "assistant", "content": " ".join(f"w{(i + j) % 40}" for j in range(2 + i % 3))}]}
+            for i in range(5)]  # fmt: skip
+    path = _write(tmp_path / "chats.jsonl", rows)
+    recipe = Recipe("eagle3", seq_len=24, gen_batch=2, data_files=(str(path),))
+    data = prepare_data(target, tok, recipe, tmp_path / "data", "tiny")
+    assert data["tokens"].shape == (5, 24) and data["features"].shape[:3] == (5, 24, 3)
+    for i, row in enumerate(rows):
+        ids, mask = tokenize_conversation(tok, parse_row(row), 24)
+        assert data["tokens"][i, : len(ids)].tolist() == ids.tolist() and not data["tokens"][i, len(ids) :].any()
+        assert data["mask"][i].tolist() == mask.tolist() + [False] * (24 - len(ids))
+    assert int(data["counts"].sum()) == int(data["mask"].sum()) > 0
+    layers = HeadConfig.for_target(target.config, "eagle3", 1, None).feature_layers
+    hidden, state = feature_forward(target, (*layers, target.config.num_layers - 1))
+    alone = hidden(state, jnp.asarray(data["tokens"][4:5]))  # the last batch was padded with an empty row
+    assert np.array_equal(np.asarray(alone[-1]), data["top"][4:5])
+    again = prepare_data(target, tok, recipe, tmp_path / "data", "tiny")  # read back, not made again
+    assert np.array_equal(again["features"], data["features"])
+    _write(path, rows[:3])  # the file changed: the folder holds data made from other content
+    with pytest.raises(ValueError, match="holds data made by another recipe"):
+        prepare_data(target, tok, recipe, tmp_path / "data", "tiny")

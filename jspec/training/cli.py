@@ -20,6 +20,9 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--prompt-source", choices=["stdlib", "self"], default="stdlib",
                    help="stdlib: requests built from the standard library's docs; self: user turns written by the "
                         "target itself (Magpie), none sharing 8 words with an evaluation prompt")  # fmt: skip
+    p.add_argument("--data-file", action="append", default=[], metavar="F.jsonl",
+                   help="your conversations, ShareGPT ('conversations': from/value) or OpenAI chat ('messages': "
+                        "role/content), trained on as written (loss on assistant turns) not prompts")  # fmt: skip
     p.add_argument(
         "--extra-data",
         action="append",
@@ -74,6 +77,12 @@ def _cmd_train(args) -> int:
     from jspec.models.hub import load_model
     from jspec.training import Recipe, TrainConfig, train_head
 
+    for path in args.data_file:  # checked before the model loads (their rows when the tokenizer is there)
+        if not pathlib.Path(path).is_file():
+            raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows).")
+    if args.data_file and args.prompt_source != "stdlib":
+        raise ValueError("--prompt-source chooses prompts to regenerate from; --data-file trains on your "
+                         "conversations as written. Pass one of them.")  # fmt: skip
     for folder in args.extra_data:  # checked before the model loads
         if not (pathlib.Path(folder) / "meta.json").is_file():
             raise ValueError(f"--extra-data {folder} holds no finished data set (no meta.json); "
@@ -94,7 +103,7 @@ def _cmd_train(args) -> int:
         raise ValueError("--ttt-steps is for EAGLE-3 heads (EAGLE-1 trains without training-time test).")
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
-                                     warm_start=args.warm_start)  # fmt: skip
+                                     warm_start=args.warm_start, data_files=tuple(args.data_file))  # fmt: skip
         if medusa and args.medusa_heads:
             recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, num_steps=args.medusa_heads))
     else:
@@ -110,6 +119,7 @@ def _cmd_train(args) -> int:
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or 8192, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
+            data_files=tuple(args.data_file),
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).

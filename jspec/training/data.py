@@ -42,7 +42,7 @@ from jspec.files import atomic_write, write_text
 
 __all__ = [
     "feature_forward", "fitting_prompts", "generate_examples", "load_shards", "self_instruct_prompts",
-    "stdlib_prompts", "write_shards",
+    "sequence_examples", "stdlib_prompts", "write_shards",
 ]  # fmt: skip
 
 _TEMPLATES = (
@@ -305,6 +305,35 @@ def _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampli
     hs = hidden(state, jnp.asarray(tokens))
     features = np.stack([np.asarray(h) for h in hs[:-1]], axis=2)
     return {"tokens": tokens, "mask": mask, "features": features, "top": np.asarray(hs[-1]), "counts": counts}
+
+
+def sequence_examples(model, ids: list[np.ndarray], masks: list[np.ndarray], feature_layers: tuple[int, ...], *,
+                      seq_len: int, batch_size: int = 8, progress=None) -> dict:  # fmt: skip
+    """Examples from given sequences (a user's conversations, :mod:`jspec.training.conversations`):
+    each padded to ``seq_len`` with its loss mask, the target's hidden states recorded over it, as
+    :func:`generate_examples` returns them (no response is generated)."""
+    c = model.config
+    hidden, state = feature_forward(model, (*feature_layers, c.num_layers - 1))
+    out = {"tokens": [], "mask": [], "features": [], "top": []}
+    counts = np.zeros(c.vocab_size, np.int64)
+    for start in range(0, len(ids), batch_size):
+        rows = range(start, min(start + batch_size, len(ids)))
+        tokens = np.zeros((batch_size, seq_len), np.int32)  # a short last batch is padded: one compiled forward
+        mask = np.zeros((batch_size, seq_len), bool)
+        for i, r in enumerate(rows):
+            tokens[i, : len(ids[r])], mask[i, : len(ids[r])] = ids[r], masks[r]
+            np.add.at(counts, ids[r][masks[r]].astype(np.int64), 1)
+        hs = hidden(state, jnp.asarray(tokens))
+        n = len(rows)
+        out["tokens"].append(tokens[:n])
+        out["mask"].append(mask[:n])
+        out["features"].append(np.stack([np.asarray(h)[:n] for h in hs[:-1]], axis=2))
+        out["top"].append(np.asarray(hs[-1])[:n])
+        if progress is not None:
+            progress(rows.stop, int(mask.sum()))
+    data = {k: np.concatenate(v) for k, v in out.items()}
+    data["counts"] = counts
+    return data
 
 
 def write_shards(data: dict, folder: pathlib.Path, meta: dict, shard_size: int = 256) -> pathlib.Path:

@@ -16,7 +16,14 @@ from flax import nnx
 from jspec.files import write_text
 from jspec.heads import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
 from jspec.medusa import MedusaConfig, MedusaHeads, save_medusa
-from jspec.training.data import generate_examples, load_shards, self_instruct_prompts, stdlib_prompts, write_shards
+from jspec.training.data import (
+    generate_examples,
+    load_shards,
+    self_instruct_prompts,
+    sequence_examples,
+    stdlib_prompts,
+    write_shards,
+)
 from jspec.training.trainer import TrainConfig, Trainer
 
 __all__ = ["PROMPT_SOURCES", "Recipe", "load_extra_data", "prepare_data", "train_head"]
@@ -44,6 +51,7 @@ class Recipe:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     init_from: str | None = None  # a saved head to start from (its draft vocabulary is kept)
     warm_start: bool = False  # a new head starts from the target's weights (DraftHead.warm_start)
+    data_files: tuple[str, ...] = ()  # the user's conversations (JSONL), trained on as written instead of prompts
 
     def __post_init__(self):
         if self.kind not in (*KINDS, "medusa"):
@@ -77,6 +85,15 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             "gen_temperature": recipe.gen_temperature}  # fmt: skip
     if recipe.prompt_source == "self":  # the seed picks which prompts the target writes
         want["prompt_seed"] = recipe.train.seed
+    conversations = []
+    if recipe.data_files:  # the files' contents, not their names, decide the data
+        from jspec.training.conversations import load_conversations
+
+        conversations = [load_conversations(f, tokenizer, recipe.seq_len) for f in recipe.data_files]
+        for c in conversations:
+            print(c.summary(), file=sys.stderr)
+        want = {k: v for k, v in want.items() if k in ("model", "feature_layers", "seq_len")}
+        want["data_files"] = [c.sha256 for c in conversations]
     defaults = {"prompt_source": "stdlib", "prompt_seed": 0}  # data sets written before these were recorded
     folder = pathlib.Path(folder)
     if (folder / "meta.json").exists():
@@ -85,6 +102,15 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             return data
         raise ValueError(f"{folder} holds data made by another recipe ({meta}); choose another data folder.")
     t0 = time.perf_counter()
+    if conversations:
+        ids = [i for c in conversations for i in c.ids]
+        data = sequence_examples(target, ids, [m for c in conversations for m in c.masks], layers,
+                                 seq_len=recipe.seq_len, batch_size=recipe.gen_batch,
+                                 progress=bars and bars("target features", len(ids)))  # fmt: skip
+        sources = [{"file": c.source, "sha256": c.sha256, "conversations": len(c.ids), "skipped": c.skipped}
+                   for c in conversations]  # fmt: skip
+        write_shards(data, folder, want | {"sources": sources, "seconds": time.perf_counter() - t0})
+        return data
     work = _unfinished_work(folder, want | {"gen_batch": recipe.gen_batch})
     if recipe.prompt_source == "self":  # short user turns (<= 64 tokens): every one leaves room for a response
         if (work / "prompts.json").exists():
