@@ -157,3 +157,39 @@ def test_training_data_from_conversations_is_the_targets_features_over_them_and_
     _write(path, rows[:3])  # the file changed: the folder holds data made from other content
     with pytest.raises(ValueError, match="holds data made by another recipe"):
         prepare_data(target, tok, recipe, tmp_path / "data", "tiny")
+
+
+def test_regenerated_turns_are_the_targets_own_continuations_turn_by_turn(tmp_path):
+    from tiny import tiny_model
+
+    from jspec.decode import Decoder
+    from jspec.training.conversations import parse_row, regenerate
+
+    tok, target = _word_tokenizer(), tiny_model(vocab_size=48)
+    decoder = Decoder(target, eos_ids=(1,))
+    convs = [parse_row({"messages": [{"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": "w9"},
+                                     {"role": "user", "content": "w3"}, {"role": "assistant", "content": "w9"}]}),
+             parse_row({"messages": [{"role": "user", "content": " ".join(["w5"] * 20)},
+                                     {"role": "assistant", "content": "w9"}]})]  # fmt: skip
+    out = regenerate(decoder, tok, convs, 24, batch_size=2, max_new_tokens=4)
+    assert out[1] is None  # 26 tokens of prompt: no room within 24
+    first, second = out[0][1]["content"], out[0][3]["content"]
+    prompt = tok.encode(tok.apply_chat_template(convs[0][:1]))
+    want = [t for t in decoder.generate([prompt], 4).tokens[0] if t != 1]
+    assert tok.encode(first) == want and len(want) <= 4  # greedy: what the target writes after the prompt
+    prompt = tok.encode(tok.apply_chat_template([convs[0][0], {"role": "assistant", "content": first}, convs[0][2]]))
+    assert tok.encode(second) == [t for t in decoder.generate([prompt], 4).tokens[0] if t != 1]
+    assert out[0][0] == convs[0][0] and out[0][2] == convs[0][2]  # the user's turns are kept
+    path = _write(tmp_path / "c.jsonl", [{"messages": c} for c in convs])
+    data = load_conversations(
+        path,
+        tok,
+        24,
+        root=tmp_path / "store",
+        rewrite=lambda cs: regenerate(decoder, tok, cs, 24, max_new_tokens=4),
+        rewrite_key="t",
+    )
+    assert len(data.ids) == 1 and data.skipped == {"no room for an assistant turn within --seq-len": [2]}
+    assert len(list((tmp_path / "store").glob("*.npz"))) == 1
+    assert len(load_conversations(path, tok, 24, root=tmp_path / "store").ids) == 1  # as written: its own entry
+    assert len(list((tmp_path / "store").glob("*.npz"))) == 2

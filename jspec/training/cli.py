@@ -23,6 +23,9 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--data-file", action="append", default=[], metavar="F.jsonl",
                    help="your conversations, ShareGPT ('conversations': from/value) or OpenAI chat ('messages': "
                         "role/content), trained on as written (loss on assistant turns) not prompts")  # fmt: skip
+    p.add_argument("--regenerate", action="store_true",
+                   help="with --data-file: the target rewrites every assistant turn first (its own continuations; "
+                        "--max-new-tokens each), else the text as given")  # fmt: skip
     p.add_argument(
         "--extra-data",
         action="append",
@@ -80,6 +83,8 @@ def _cmd_train(args) -> int:
     for path in args.data_file:  # checked before the model loads (their rows when the tokenizer is there)
         if not pathlib.Path(path).is_file():
             raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows).")
+    if args.regenerate and not args.data_file:
+        raise ValueError("--regenerate rewrites the assistant turns of --data-file conversations; pass --data-file.")
     if args.data_file and args.prompt_source != "stdlib":
         raise ValueError("--prompt-source chooses prompts to regenerate from; --data-file trains on your "
                          "conversations as written. Pass one of them.")  # fmt: skip
@@ -103,7 +108,8 @@ def _cmd_train(args) -> int:
         raise ValueError("--ttt-steps is for EAGLE-3 heads (EAGLE-1 trains without training-time test).")
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
-                                     warm_start=args.warm_start, data_files=tuple(args.data_file))  # fmt: skip
+                                     warm_start=args.warm_start, data_files=tuple(args.data_file),
+                                     regenerate=args.regenerate)  # fmt: skip
         if medusa and args.medusa_heads:
             recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, num_steps=args.medusa_heads))
     else:
@@ -119,7 +125,7 @@ def _cmd_train(args) -> int:
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or 8192, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
-            data_files=tuple(args.data_file),
+            data_files=tuple(args.data_file), regenerate=args.regenerate,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).

@@ -32,7 +32,7 @@ import numpy as np
 
 from jspec.files import atomic_write
 
-__all__ = ["Conversations", "load_conversations", "parse_row", "read_rows", "tokenize_conversation"]
+__all__ = ["Conversations", "load_conversations", "parse_row", "read_rows", "regenerate", "tokenize_conversation"]
 
 FORMAT = 1  # raise when what is stored for a file changes
 ROLES = {
@@ -157,24 +157,68 @@ def tokenize_conversation(tokenizer, messages: list[dict], seq_len: int) -> tupl
     return np.asarray(ids, np.int32), mask
 
 
+def regenerate(decoder, tokenizer, conversations: list[list[dict]], seq_len: int, *, batch_size: int = 8,
+               max_new_tokens: int | None = None, sampling=None, seed: int = 0) -> list[list[dict] | None]:  # fmt: skip
+    """The conversations with every assistant turn rewritten by the target (the EAGLE-3 practice: the
+    head learns the target's own continuations), turn by turn, each from the conversation so far
+    (earlier turns already rewritten), with the user's turns kept. A turn ends at the target's end of
+    sequence, after ``max_new_tokens``, or where the conversation would pass ``seq_len`` tokens; a
+    conversation with no room
+    left for a turn keeps its remaining turns out (it ends after its last rewritten one); one with no
+    room for its first is None (the list stays aligned with ``conversations``).
+
+    ``decoder``: a :class:`jspec.decode.Decoder` of the target with its end-of-sequence ids.
+    """
+    out = [list(c) for c in conversations]
+    longest = max((sum(m["role"] == "assistant" for m in c) for c in out), default=0)
+    for turn in range(longest):
+        todo = []  # (conversation, message index, prompt ids)
+        for c, msgs in enumerate(out):
+            where = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+            if turn < len(where):
+                i = where[turn]
+                ids = tokenizer.encode(tokenizer.apply_chat_template(msgs[:i], add_generation_prompt=True))
+                if len(ids) < seq_len:
+                    todo.append((c, i, ids))
+                else:
+                    out[c] = msgs[:i]  # no room: the conversation ends before this turn
+        todo.sort(key=lambda t: len(t[2]))  # similar lengths together: one long prompt does not cut the rest
+        for start in range(0, len(todo), batch_size):
+            part = todo[start : start + batch_size]
+            budget = min(seq_len - max(len(t[2]) for t in part), max_new_tokens or seq_len)
+            result = decoder.generate([t[2] for t in part], budget, sampling, seed=seed + turn * 100_003 + start)
+            for (c, i, _), tokens in zip(part, result.tokens, strict=True):
+                if tokens and tokens[-1] in decoder.eos_ids:  # the template writes the end of turn itself
+                    tokens = tokens[:-1]
+                out[c][i] = {"role": "assistant", "content": tokenizer.decode(tokens)}
+    return [c if any(m["role"] == "assistant" for m in c) else None for c in out]
+
+
 def _tokenizer_key(tokenizer) -> str:
     inner = getattr(tokenizer, "tokenizer", None)
     text = inner.to_str() if hasattr(inner, "to_str") else repr(tokenizer)
     return hashlib.sha256(f"{text}\0{getattr(tokenizer, 'chat_template', None)}".encode()).hexdigest()
 
 
-def _cache_path(sha: str, tokenizer, seq_len: int, root: pathlib.Path | None) -> pathlib.Path:
+def _cache_path(sha: str, tokenizer, seq_len: int, root: pathlib.Path | None, how: str = "") -> pathlib.Path:
     if root is None:
         from jspec.models.hub import cache_root
 
         root = cache_root() / "data" / "conversations"
-    key = hashlib.sha256(f"{FORMAT}\0{sha}\0{_tokenizer_key(tokenizer)}\0{seq_len}".encode()).hexdigest()[:24]
+    key = f"{FORMAT}\0{sha}\0{_tokenizer_key(tokenizer)}\0{seq_len}\0{how}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:24]
     return pathlib.Path(root) / f"{key}.npz"
 
 
-def load_conversations(path, tokenizer, seq_len: int, *, root=None) -> Conversations:
+def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None,
+                       rewrite_key: str = "") -> Conversations:  # fmt: skip
     """The file's conversations tokenized for ``tokenizer`` within ``seq_len`` tokens, read back from
-    the store when this file (by content), tokenizer, template and ``seq_len`` were seen before.
+    the store when this file (by content), tokenizer, template and ``seq_len`` (and ``rewrite_key``)
+    were seen before.
+
+    ``rewrite``: ``f(list of conversations) -> list of conversations`` applied to the usable rows
+    before tokenizing (:func:`regenerate`); ``rewrite_key`` names what it does (the target, the
+    sampling, the seed): part of the stored form's key.
 
     Raises ValueError naming the file when it is missing, not UTF-8, or has no usable row, and when
     its stored form is damaged (delete that file to tokenize again).
@@ -183,7 +227,7 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None) -> Conversat
     if not path.is_file():
         raise ValueError(f"--data-file {path}: no such file.")
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    stored = _cache_path(sha, tokenizer, seq_len, root)
+    stored = _cache_path(sha, tokenizer, seq_len, root, rewrite_key if rewrite else "")
     if stored.exists():
         return _read_stored(stored, str(path), sha)
     try:
@@ -191,6 +235,13 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None) -> Conversat
     except UnicodeDecodeError as err:
         raise ValueError(f"--data-file {path} is not UTF-8 text ({err}); save it as UTF-8 JSONL.") from err
     ids, masks = [], []
+    if rewrite is not None and rows:
+        numbers = [n for n, _ in rows]
+        rewritten = rewrite([m for _, m in rows])
+        dropped = [n for n, m in zip(numbers, rewritten, strict=True) if m is None]
+        if dropped:
+            skipped["no room for an assistant turn within --seq-len"] = dropped
+        rows = [(n, m) for n, m in zip(numbers, rewritten, strict=True) if m is not None]
     for number, messages in rows:
         got = tokenize_conversation(tokenizer, messages, seq_len)
         if isinstance(got, str):
