@@ -64,27 +64,21 @@ def _rows(x, index, fill=0):
 def loss_window(mask, num_steps: int) -> int:
     """The fewest consecutive rows that hold every row with a loss at any TTT step, over a data set.
 
-    Row r of step k has a loss when token r + k + 2 is a response token; responses are one
-    run of tokens per example, so each example's loss rows are one run of (response length
-    + ``num_steps`` - 1) rows. Steps after the first run on this window only, and every
-    step's output layer and loss too. Rounded up to a multiple of 8 (fewer shapes to compile).
+    Row r of step k has a loss when token r + k + 2 is a response token, so each example's loss
+    rows lie within (the span from its first to its last response token + ``num_steps`` - 1)
+    rows; a conversation's several assistant turns are one span with the user's turns inside
+    (their rows are masked out of the loss). Steps after the first run on this window only, and
+    every step's output layer and loss too. Rounded up to a multiple of 8 (fewer shapes to compile).
 
     Args:
       mask: bool[N, T], the response tokens of every example.
-
-    Raises:
-      ValueError: when an example's response tokens are not one run.
     """
     mask = np.asarray(mask, bool)
     t = mask.shape[1]
-    counts = mask.sum(1)
     first = mask.argmax(1)
     last = t - 1 - mask[:, ::-1].argmax(1)
-    gaps = (counts > 0) & (last - first + 1 != counts)
-    if gaps.any():
-        raise ValueError(f"example {int(np.argmax(gaps))}'s response tokens are not one run; the loss mask must "
-                         "mark one response per sequence (as jspec.training.data writes it).")  # fmt: skip
-    width = int(counts.max(initial=0)) + num_steps - 1
+    spans = np.where(mask.any(1), last - first + 1, 0)
+    width = int(spans.max(initial=0)) + num_steps - 1
     return max(1, min(t - 1, -(-width // 8) * 8))
 
 
