@@ -52,14 +52,17 @@ def test_bad_rows_are_counted_and_skipped_with_their_line_numbers(tokenizer, tmp
     long = {"messages": [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok"}]}
     rows = [SHAREGPT, "{not json", {"messages": [{"role": "tool", "content": "x"}]}, "", OPENAI,
             {"conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": "a"}]},
-            {"messages": [{"role": "user", "content": "only a question"}]}, long, {"prompt": "x"}]  # fmt: skip
+            {"messages": [{"role": "user", "content": "only a question"}]}, long, {"prompt": "x"},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "tool_calls": []}]},
+            ]  # fmt: skip
     data = load_conversations(_write(tmp_path / "mixed.jsonl", rows), tokenizer, 128, root=tmp_path / "store")
     assert len(data.ids) == 2 and data.ids[0].tolist() == data.ids[1].tolist()
     assert data.skipped == {"invalid JSON": [2], "unknown role 'tool'": [3], "an empty turn": [6],
                             "no assistant turn": [7], "longer than --seq-len 128 after templating": [8],
-                            "neither 'conversations' (ShareGPT) nor 'messages' (OpenAI chat)": [9]}  # fmt: skip
+                            "neither 'conversations' (ShareGPT) nor 'messages' (OpenAI chat)": [9],
+                            "a turn with fields jspec does not read ('tool_calls')": [10]}  # fmt: skip
     line = data.summary()
-    assert line.startswith(f"{tmp_path / 'mixed.jsonl'}: 2 conversations kept") and "6 skipped" in line
+    assert line.startswith(f"{tmp_path / 'mixed.jsonl'}: 2 conversations kept") and "7 skipped" in line
     assert "invalid JSON: 1 (line 2)" in line
     with pytest.raises(ValueError, match=r"nothing.jsonl has no usable conversation .*invalid JSON: 2 \(lines 1, 2\)"):
         load_conversations(_write(tmp_path / "nothing.jsonl", ["[", "]"]), tokenizer, 128, root=tmp_path / "store")

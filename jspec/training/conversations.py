@@ -9,10 +9,10 @@ A row is one conversation, in either of the two formats people have:
 Each conversation is rendered with the target's chat template, as at inference, and tokenized;
 the loss mask covers the assistant's turns (their text and the template's end of turn), found
 by rendering the conversation turn by turn. Rows that cannot be used (invalid JSON, an unknown
-role, an empty turn, no assistant turn, longer than ``seq_len`` tokens after templating, a
-template that refuses them or does not render turn by turn) are counted and skipped; one line
-names the file and the first offending line numbers per reason; a file with no usable row is
-refused.
+role, a turn with other fields (tool calls, names, weights), an empty turn, no assistant turn,
+longer than ``seq_len`` tokens after templating, a template that refuses them or does not render
+turn by turn) are counted and skipped; one line names the file and the first offending line
+numbers per reason; a file with no usable row is refused.
 
 The result is stored as token ids and masks (3 bytes a token for a vocabulary under 65,536),
 content-addressed by the file's SHA-256, the tokenizer, the chat template and ``seq_len``, under
@@ -96,6 +96,9 @@ def parse_row(row) -> list[dict] | str:
     for turn in turns:
         if not isinstance(turn, dict):
             return "a turn that is not an object"
+        extra = sorted(set(turn) - {role_key, text_key})
+        if extra:  # tool calls, names, weights: each would change what is trained on, and none is read
+            return f"a turn with fields jspec does not read ({', '.join(map(repr, extra))})"
         role = turn.get(role_key)
         if role not in roles:
             return f"unknown role {role!r}" if isinstance(role, str) else f"a turn without '{role_key}'"
