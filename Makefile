@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch 2.13.0 is the CPU build this machine keeps on disk; a plain `torch` would pull a CUDA build.
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
-	$(BIN)/python -m pip install --quiet -e '.[test,dev,reference]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,reference,datasets]'
 	touch $(STAMP)
 
 demo: setup

@@ -196,3 +196,25 @@ def test_regenerated_turns_are_the_targets_own_continuations_turn_by_turn(tmp_pa
     assert len(list((tmp_path / "store").glob("*.npz"))) == 1
     assert len(load_conversations(path, tok, 24, root=tmp_path / "store").ids) == 1  # as written: its own entry
     assert len(list((tmp_path / "store").glob("*.npz"))) == 2
+
+
+def test_a_hugging_face_dataset_folder_reads_as_its_rows(tokenizer, tmp_path):
+    """A dataset saved with save_to_disk (ShareGPT columns here), its train split when there are several."""
+    datasets = pytest.importorskip("datasets")
+
+    bad = {"conversations": [{"from": "robot", "value": "x"}, {"from": "gpt", "value": "y"}]}
+    rows = [SHAREGPT, bad, SHAREGPT]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "one"))
+    data = load_conversations(tmp_path / "one", tokenizer, 256, root=tmp_path / "store")
+    want = load_conversations(_write(tmp_path / "same.jsonl", [SHAREGPT]), tokenizer, 256, root=tmp_path / "store")
+    assert [i.tolist() for i in data.ids] == [want.ids[0].tolist()] * 2
+    assert data.skipped == {"unknown role 'robot'": [2]} and "(row 2)" in data.summary()
+    datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "splits"))
+    assert len(load_conversations(tmp_path / "splits", tokenizer, 256, root=tmp_path / "store").ids) == 2
+    datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "no_train"))
+    with pytest.raises(ValueError, match=r"holds the splits \['test'\] and no 'train'"):
+        load_conversations(tmp_path / "no_train", tokenizer, 256, root=tmp_path / "store")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="is not a dataset saved with save_to_disk"):
+        load_conversations(tmp_path / "empty", tokenizer, 256, root=tmp_path / "store")

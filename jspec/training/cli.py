@@ -81,8 +81,9 @@ def _cmd_train(args) -> int:
     from jspec.training import Recipe, TrainConfig, train_head
 
     for path in args.data_file:  # checked before the model loads (their rows when the tokenizer is there)
-        if not pathlib.Path(path).is_file():
-            raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows).")
+        if not pathlib.Path(path).exists():
+            raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows, or a "
+                             "folder a Hugging Face dataset was saved to).")  # fmt: skip
     if args.regenerate and not args.data_file:
         raise ValueError("--regenerate rewrites the assistant turns of --data-file conversations; pass --data-file.")
     if args.data_file and args.prompt_source != "stdlib":

@@ -49,7 +49,7 @@ class Conversations:
     Attributes:
       ids: per conversation, int32 token ids (chat-templated).
       masks: per conversation, bool: the tokens the loss is taken on (the assistant's).
-      skipped: reason -> line numbers (1-based) of the rows left out.
+      skipped: reason -> line (or dataset row) numbers, 1-based, of the rows left out.
       source: the file; sha256: its content hash.
     """
 
@@ -58,13 +58,14 @@ class Conversations:
     skipped: dict[str, list[int]]
     source: str
     sha256: str
+    unit: str = "line"  # what the numbers count: JSONL lines, or a dataset's rows
 
     def summary(self) -> str:
         """One line: what was kept, and per reason how many rows were skipped and the first lines."""
         line = f"{self.source}: {len(self.ids)} conversations kept ({sum(int(m.sum()) for m in self.masks)} " \
                f"assistant tokens)"  # fmt: skip
         if self.skipped:
-            parts = [f"{reason}: {len(lines)} (line{'s' if len(lines) > 1 else ''} "
+            parts = [f"{reason}: {len(lines)} ({self.unit}{'s' if len(lines) > 1 else ''} "
                      f"{', '.join(map(str, lines[:_SHOWN]))}{', ...' if len(lines) > _SHOWN else ''})"
                      for reason, lines in self.skipped.items()]  # fmt: skip
             line += f"; {sum(len(v) for v in self.skipped.values())} skipped: " + "; ".join(parts)
@@ -114,21 +115,62 @@ def parse_row(row) -> list[dict] | str:
 
 
 def read_rows(path) -> tuple[list[tuple[int, list[dict]]], dict[str, list[int]]]:
-    """(usable rows as (line number, messages), reason -> line numbers of the others); blank lines skipped."""
+    """(usable rows as (line number, messages), reason -> line numbers of the others); blank lines
+    skipped. A folder is a Hugging Face ``datasets`` folder (``save_to_disk``), its rows numbered
+    from 1."""
     rows, skipped = [], collections.defaultdict(list)
+    for number, parsed in _parsed(pathlib.Path(path)):
+        if isinstance(parsed, str):
+            skipped[parsed].append(number)
+        else:
+            rows.append((number, parsed))
+    return rows, dict(skipped)
+
+
+def _parsed(path: pathlib.Path):
+    if path.is_dir():
+        for number, row in enumerate(_dataset(path), 1):
+            yield number, parse_row(row)
+        return
     with open(path, encoding="utf-8", errors="strict") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                parsed = parse_row(json.loads(line))
-            except json.JSONDecodeError:
-                parsed = "invalid JSON"
-            if isinstance(parsed, str):
-                skipped[parsed].append(number)
-            else:
-                rows.append((number, parsed))
-    return rows, dict(skipped)
+            if line.strip():
+                try:
+                    yield number, parse_row(json.loads(line))
+                except json.JSONDecodeError:
+                    yield number, "invalid JSON"
+
+
+def _dataset(folder: pathlib.Path):
+    """A ``datasets`` folder's rows (its ``train`` split when it holds several)."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise ValueError(f"--data-file {folder} is a folder: reading a Hugging Face dataset saved with save_to_disk "
+                         "needs the datasets package (pip install 'jspec[datasets]').") from err  # fmt: skip
+    try:
+        ds = datasets.load_from_disk(str(folder))
+    except (FileNotFoundError, ValueError) as err:
+        raise ValueError(f"--data-file {folder} is not a dataset saved with save_to_disk ({err}).") from err
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise ValueError(f"--data-file {folder} holds the splits {sorted(ds)} and no 'train'; save the split to "
+                             "train on alone.")  # fmt: skip
+        ds = ds["train"]
+    return iter(ds)
+
+
+def _content_hash(path: pathlib.Path) -> str:
+    """SHA-256 of a file, or of a folder's files (names and bytes, in name order)."""
+    if not path.is_dir():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], seq_len: int) -> tuple[np.ndarray, np.ndarray] | str:
@@ -227,12 +269,12 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None
     its stored form is damaged (delete that file to tokenize again).
     """
     path = pathlib.Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"--data-file {path}: no such file.")
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    sha = _content_hash(path)
     stored = _cache_path(sha, tokenizer, seq_len, root, rewrite_key if rewrite else "")
     if stored.exists():
-        return _read_stored(stored, str(path), sha)
+        return _read_stored(stored, str(path), sha, "row" if path.is_dir() else "line")
     try:
         rows, skipped = read_rows(path)
     except UnicodeDecodeError as err:
@@ -253,7 +295,7 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None
             ids.append(got[0])
             masks.append(got[1])
     skipped = {reason: sorted(lines) for reason, lines in skipped.items()}
-    data = Conversations(ids, masks, skipped, str(path), sha)
+    data = Conversations(ids, masks, skipped, str(path), sha, "row" if path.is_dir() else "line")
     if not ids:
         raise ValueError(f"--data-file {path} has no usable conversation ({data.summary().split('; ', 1)[-1]}); "
                          "rows are ShareGPT {'conversations': [{'from', 'value'}]} or OpenAI chat "
@@ -272,7 +314,7 @@ def _write_stored(stored: pathlib.Path, data: Conversations) -> None:
         np.savez(f, ids=flat.astype(dtype), mask=np.concatenate(data.masks), lengths=lengths, meta=np.asarray(meta))
 
 
-def _read_stored(stored: pathlib.Path, source: str, sha: str) -> Conversations:
+def _read_stored(stored: pathlib.Path, source: str, sha: str, unit: str) -> Conversations:
     try:
         with np.load(stored) as z:
             flat, mask, lengths, meta = z["ids"], z["mask"], z["lengths"], json.loads(str(z["meta"]))
@@ -283,4 +325,4 @@ def _read_stored(stored: pathlib.Path, source: str, sha: str) -> Conversations:
                          "(the file is tokenized afresh).") from err  # fmt: skip
     cuts = np.cumsum(lengths)[:-1]
     ids = [a.astype(np.int32) for a in np.split(flat, cuts)]
-    return Conversations(ids, list(np.split(mask.astype(bool), cuts)), meta["skipped"], source, sha)
+    return Conversations(ids, list(np.split(mask.astype(bool), cuts)), meta["skipped"], source, sha, unit)
