@@ -97,6 +97,7 @@ class Trainer:
                 max_to_keep=2, save_interval_steps=config.checkpoint_every, enable_async_checkpointing=False
             )
             self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
+        self._online = None  # (the target's graphdef, its weights, layers): features made in the step
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames="window")
 
     @classmethod
@@ -105,6 +106,20 @@ class Trainer:
         final norm and its output rows for the head's draft vocabulary."""
         rows = target.output_weights()[head.d2t[...]]
         return cls(head, target.final_norm_weight(), rows, target.config.rms_eps, config, checkpoint_dir)
+
+    def features_online(self, target, layers: tuple[int, ...]) -> Trainer:
+        """Computes the target's hidden states at ``layers`` and its last layer (float16, as
+        :func:`jspec.training.data.feature_forward` stores them) inside each training step, from the
+        batch's tokens (SpecForge's "online" mode): the data holds token ids and masks only. The
+        target is frozen (no gradient reaches it) and its weights are an argument of the step."""
+        graphdef, weights = nnx.split(target)
+        self._online = (graphdef, weights, (*layers, target.config.num_layers - 1))
+        return self
+
+    @property
+    def data_keys(self) -> tuple[str, ...]:
+        """The arrays :meth:`fit` reads from the data."""
+        return ("tokens", "mask") if self._online else ("tokens", "mask", "features", "top")
 
     @classmethod
     def for_medusa(cls, heads, config: TrainConfig, checkpoint_dir=None) -> Trainer:
@@ -118,8 +133,19 @@ class Trainer:
         loss = lambda head, batch, window: medusa_loss(head, batch, config.decay, window)  # noqa: E731
         return cls(heads, None, None, 0.0, config, checkpoint_dir, loss=loss)
 
-    def _train_step(self, params, opt_state, frozen, target, batch, window=None):
+    def _train_step(self, params, opt_state, frozen, target, batch, window=None, weights=None):
         c = self.config
+        if weights is not None:  # online: the frozen target's features over the batch
+            graphdef, _, layers = self._online
+            tokens = batch["tokens"]
+            b, t = tokens.shape
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+            model = nnx.merge(graphdef, jax.lax.stop_gradient(weights))
+            hs = [
+                h.astype(jnp.float16)
+                for h in model(tokens, positions, model.init_cache(b, t), hidden_layers=layers).hidden_states
+            ]
+            batch = batch | {"features": jnp.stack(hs[:-1], axis=2), "top": hs[-1]}
 
         def loss_fn(params):
             head = nnx.merge(self.graphdef, params, frozen)
@@ -136,8 +162,10 @@ class Trainer:
         """One optimizer step on ``batch`` (arrays as in :meth:`fit`, one row per example); returns its
         metrics. ``window``: the loss window's width (:func:`loss_window`), or None to run every TTT
         step on every row. Each distinct width compiles once."""
-        self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, self.frozen,
-                                                             self.target, batch, window=window)  # fmt: skip
+        weights = None if self._online is None else self._online[1]
+        self.params, self.opt_state, metrics = self._step_fn(
+            self.params, self.opt_state, self.frozen, self.target, batch, window=window, weights=weights
+        )
         self.step += 1
         return metrics
 
@@ -176,7 +204,8 @@ class Trainer:
         """Trains up to step ``until`` (default: the config's total); returns the logged metrics.
 
         Args:
-          data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H].
+          data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H]
+            (the last two not with :meth:`features_online`).
           progress: an optional callable(step, metrics) for a progress display.
         """
         c = self.config
@@ -186,7 +215,7 @@ class Trainer:
         history = []
         while self.step < until:
             idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
-            batch = {key: jnp.asarray(data[key][idx]) for key in ("tokens", "mask", "features", "top")}
+            batch = {key: jnp.asarray(data[key][idx]) for key in self.data_keys}
             t0 = time.perf_counter()
             metrics = self.train_step(batch, window)
             if self.step % log_every == 0 or self.step == until:
