@@ -23,6 +23,9 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--data-file", action="append", default=[], metavar="F.jsonl",
                    help="your conversations, ShareGPT ('conversations': from/value) or OpenAI chat ('messages': "
                         "role/content), trained on as written (loss on assistant turns) not prompts")  # fmt: skip
+    p.add_argument("--features", choices=["stored", "online"], default="stored",
+                   help="stored: the target's hidden states kept per training token (~4.6 KB a token for SmolLM2); "
+                        "online: computed in each training step from the token ids (5 bytes a token)")  # fmt: skip
     p.add_argument("--regenerate", action="store_true",
                    help="with --data-file: the target rewrites every assistant turn first (its own continuations; "
                         "--max-new-tokens each), else the text as given")  # fmt: skip
@@ -110,7 +113,7 @@ def _cmd_train(args) -> int:
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
                                      warm_start=args.warm_start, data_files=tuple(args.data_file),
-                                     regenerate=args.regenerate)  # fmt: skip
+                                     regenerate=args.regenerate, features=args.features)  # fmt: skip
         if medusa and args.medusa_heads:
             recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, num_steps=args.medusa_heads))
     else:
@@ -126,7 +129,7 @@ def _cmd_train(args) -> int:
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or 8192, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
-            data_files=tuple(args.data_file), regenerate=args.regenerate,
+            data_files=tuple(args.data_file), regenerate=args.regenerate, features=args.features,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).

@@ -230,17 +230,17 @@ def fitting_prompts(tokenizer, prompts: list[str], max_len: int, limit: int | No
     return out
 
 
-def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tuple[int, ...], *, seq_len: int = 256,
-                      max_new_tokens: int = 192, batch_size: int = 8, temperature: float = 0.0, seed: int = 0,
-                      min_response: int = 64, limit: int | None = None, progress=None,
+def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tuple[int, ...] | None, *,
+                      seq_len: int = 256, max_new_tokens: int = 192, batch_size: int = 8, temperature: float = 0.0,
+                      seed: int = 0, min_response: int = 64, limit: int | None = None, progress=None,
                       resume_dir=None) -> dict:  # fmt: skip
     """Regenerates responses with the target and records its hidden states.
 
     Returns numpy arrays: ``tokens`` int32[N, seq_len], ``mask`` bool[N, seq_len] (response
     tokens), ``features`` float16[N, seq_len, n, H] (the ``feature_layers``), ``top``
-    float16[N, seq_len, H] (the last layer), and ``counts`` int64[V] of response tokens.
-    Prompts longer than ``seq_len - min_response`` tokens are left out; the first ``limit``
-    of the rest are used (N counts them).
+    float16[N, seq_len, H] (the last layer; neither with ``feature_layers`` None: the training
+    step makes them online), and ``counts`` int64[V] of response tokens. Prompts longer than
+    ``seq_len - min_response`` tokens are left out; the first ``limit`` of the rest are used.
 
     ``resume_dir``: a folder where each finished batch is kept (``batch_NNNNNN.npz``, written
     atomically); a run killed midway and started again with the same arguments takes those batches
@@ -250,12 +250,13 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     from jspec.sampling import SamplingParams
 
     c = model.config
-    layers = (*feature_layers, c.num_layers - 1)
     decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)
     sampling = SamplingParams.create(temperature)
-    hidden, state = feature_forward(model, layers)
+    hidden, state = (
+        (None, None) if feature_layers is None else feature_forward(model, (*feature_layers, c.num_layers - 1))
+    )
 
-    out = {"tokens": [], "mask": [], "features": [], "top": []}
+    out = {k: [] for k in _keys(feature_layers)}
     counts = np.zeros(c.vocab_size, np.int64)
     # A prompt is kept whole (cutting it would cut the chat template's assistant header) and
     # must leave room for a response; batches hold prompts of similar length, so that one
@@ -302,19 +303,28 @@ def _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampli
         tokens[i, : len(seq)] = seq
         mask[i, len(p) : len(seq)] = True
         np.add.at(counts, np.asarray(r, np.int64), 1)
+    if hidden is None:  # online features: the training step computes them
+        return {"tokens": tokens, "mask": mask, "counts": counts}
     hs = hidden(state, jnp.asarray(tokens))
     features = np.stack([np.asarray(h) for h in hs[:-1]], axis=2)
     return {"tokens": tokens, "mask": mask, "features": features, "top": np.asarray(hs[-1]), "counts": counts}
 
 
-def sequence_examples(model, ids: list[np.ndarray], masks: list[np.ndarray], feature_layers: tuple[int, ...], *,
+def _keys(feature_layers) -> tuple[str, ...]:
+    """The arrays an example holds: ids and mask, and the target's features unless they are made online (None)."""
+    return ("tokens", "mask") if feature_layers is None else ("tokens", "mask", "features", "top")
+
+
+def sequence_examples(model, ids: list[np.ndarray], masks: list[np.ndarray], feature_layers: tuple[int, ...] | None, *,
                       seq_len: int, batch_size: int = 8, progress=None) -> dict:  # fmt: skip
     """Examples from given sequences (a user's conversations, :mod:`jspec.training.conversations`):
     each padded to ``seq_len`` with its loss mask, the target's hidden states recorded over it, as
     :func:`generate_examples` returns them (no response is generated)."""
     c = model.config
-    hidden, state = feature_forward(model, (*feature_layers, c.num_layers - 1))
-    out = {"tokens": [], "mask": [], "features": [], "top": []}
+    hidden, state = (
+        (None, None) if feature_layers is None else feature_forward(model, (*feature_layers, c.num_layers - 1))
+    )
+    out = {k: [] for k in _keys(feature_layers)}
     counts = np.zeros(c.vocab_size, np.int64)
     for start in range(0, len(ids), batch_size):
         rows = range(start, min(start + batch_size, len(ids)))
@@ -323,12 +333,13 @@ def sequence_examples(model, ids: list[np.ndarray], masks: list[np.ndarray], fea
         for i, r in enumerate(rows):
             tokens[i, : len(ids[r])], mask[i, : len(ids[r])] = ids[r], masks[r]
             np.add.at(counts, ids[r][masks[r]].astype(np.int64), 1)
-        hs = hidden(state, jnp.asarray(tokens))
         n = len(rows)
         out["tokens"].append(tokens[:n])
         out["mask"].append(mask[:n])
-        out["features"].append(np.stack([np.asarray(h)[:n] for h in hs[:-1]], axis=2))
-        out["top"].append(np.asarray(hs[-1])[:n])
+        if hidden is not None:
+            hs = hidden(state, jnp.asarray(tokens))
+            out["features"].append(np.stack([np.asarray(h)[:n] for h in hs[:-1]], axis=2))
+            out["top"].append(np.asarray(hs[-1])[:n])
         if progress is not None:
             progress(rows.stop, int(mask.sum()))
     data = {k: np.concatenate(v) for k, v in out.items()}
@@ -344,7 +355,7 @@ def write_shards(data: dict, folder: pathlib.Path, meta: dict, shard_size: int =
     names = []
     for i, start in enumerate(range(0, n, shard_size)):
         name = f"shard_{i:05d}.npz"
-        part = {k: data[k][start : start + shard_size] for k in ("tokens", "mask", "features", "top")}
+        part = {k: data[k][start : start + shard_size] for k in ("tokens", "mask", "features", "top") if k in data}
         with atomic_write(folder / name) as tmp, open(tmp, "wb") as f:
             np.savez(f, **part)
         names.append(name)
@@ -365,7 +376,9 @@ def load_shards(folder: pathlib.Path) -> tuple[dict, dict]:
     for name in meta["shards"]:
         try:
             with np.load(folder / name) as z:
-                parts.append({k: z[k] for k in ("tokens", "mask", "features", "top")})
+                parts.append(
+                    {k: z[k] for k in ("tokens", "mask", "features", "top") if k in z.files or k in ("tokens", "mask")}
+                )
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{folder / name} is corrupt or missing ({err}); prepare the data again.") from err
     data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

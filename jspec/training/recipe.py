@@ -53,6 +53,7 @@ class Recipe:
     warm_start: bool = False  # a new head starts from the target's weights (DraftHead.warm_start)
     data_files: tuple[str, ...] = ()  # the user's conversations (JSONL), trained on instead of prompts
     regenerate: bool = False  # the target rewrites the data files' assistant turns first (max_new_tokens each)
+    features: str = "stored"  # "stored": the target's features kept per token; "online": made in each step
 
     def __post_init__(self):
         if self.kind not in (*KINDS, "medusa"):
@@ -62,6 +63,11 @@ class Recipe:
                              "for EAGLE heads.")  # fmt: skip
         if self.prompt_source not in PROMPT_SOURCES:
             raise ValueError(f"unknown prompt source {self.prompt_source!r}; choose from {', '.join(PROMPT_SOURCES)}.")
+        if self.features not in ("stored", "online"):
+            raise ValueError(f"features must be 'stored' or 'online'; got {self.features!r}.")
+        if self.features == "online" and self.kind == "medusa":
+            raise ValueError("features='online' is implemented for EAGLE heads; Medusa heads train on stored "
+                             "features (--features stored).")  # fmt: skip
         if self.regenerate and not self.data_files:
             raise ValueError("regenerate rewrites the data files' assistant turns; it needs data_files (--data-file).")
         if self.init_from and self.warm_start:
@@ -88,6 +94,7 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             "gen_temperature": recipe.gen_temperature}  # fmt: skip
     if recipe.prompt_source == "self":  # the seed picks which prompts the target writes
         want["prompt_seed"] = recipe.train.seed
+    stored = None if recipe.features == "online" else layers  # online: ids and masks only
     conversations = []
     if recipe.data_files:  # the files' contents, not their names, decide the data
         from jspec.training.conversations import load_conversations
@@ -111,6 +118,8 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             print(c.summary(), file=sys.stderr)
         want = {k: v for k, v in want.items() if k in ("model", "feature_layers", "seq_len")}
         want["data_files"] = [c.sha256 for c in conversations]
+    if recipe.features == "online":
+        want["features"] = "online"
         if recipe.regenerate:
             want["regenerated"] = how
     defaults = {"prompt_source": "stdlib", "prompt_seed": 0}  # data sets written before these were recorded
@@ -123,7 +132,7 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
     t0 = time.perf_counter()
     if conversations:
         ids = [i for c in conversations for i in c.ids]
-        data = sequence_examples(target, ids, [m for c in conversations for m in c.masks], layers,
+        data = sequence_examples(target, ids, [m for c in conversations for m in c.masks], stored,
                                  seq_len=recipe.seq_len, batch_size=recipe.gen_batch,
                                  progress=bars and bars("target features", len(ids)))  # fmt: skip
         sources = [{"file": c.source, "sha256": c.sha256, "conversations": len(c.ids), "skipped": c.skipped}
@@ -140,7 +149,7 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             write_text(work / "prompts.json", json.dumps(prompts))
     else:
         prompts = stdlib_prompts()
-    data = generate_examples(target, tokenizer, prompts, layers, seq_len=recipe.seq_len,
+    data = generate_examples(target, tokenizer, prompts, stored, seq_len=recipe.seq_len,
                              max_new_tokens=recipe.max_new_tokens, batch_size=recipe.gen_batch,
                              temperature=recipe.gen_temperature, limit=recipe.num_prompts,
                              progress=bars and bars("generating responses", recipe.num_prompts),
@@ -182,7 +191,11 @@ def load_extra_data(folders, data: dict, meta_keys: dict) -> tuple[dict, list[di
             )
         parts.append(extra)
         metas.append({k: v for k, v in meta.items() if k != "shards"} | {"folder": str(folder)})
-    joined = {k: np.concatenate([p[k] for p in parts]) for k in ("tokens", "mask", "features", "top")}
+    keys = [k for k in ("tokens", "mask", "features", "top") if k in data]
+    if any(set(keys) - set(p) for p in parts):
+        raise ValueError("an extra data set without the target's features cannot join stored-features data; "
+                         "train with --features online, or make that data set with stored features.")  # fmt: skip
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in keys}
     joined["counts"] = sum(p["counts"] for p in parts)
     return joined, metas
 
@@ -216,6 +229,8 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     else:
         head, d2t, extra_metas, data = _eagle_head(target, recipe, data, extra_data, model_name)
         trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
+        if recipe.features == "online":
+            trainer.features_online(target, head.config.feature_layers)
     resumed_from = trainer.step if trainer.restore() else None
     if resumed_from is not None:
         print(f"resuming training at step {resumed_from} of {recipe.train.total_steps} from {out_dir / 'checkpoints'} "
