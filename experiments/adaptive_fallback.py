@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from jspec.adaptive import Adaptive, StepCosts
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved, speedup_interval
     from jspec.decode import Decoder
     from jspec.drafters import make_drafter
@@ -54,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import load_profile, measure_profile, profile_path, save_profile
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     if args.tiny:

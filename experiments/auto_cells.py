@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jspec.api import make_decoder
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved, speedup_interval
     from jspec.models.hub import load_model, shipped_head
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
     from jspec.tune.tuned import Setting, TunedConfig
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -55,12 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
         args.batches, args.max_new_tokens, args.methods, args.temperature = [1, 2], 8, "ngram", "0"
 
     import jspec
-    from jspec.batching import bucket, enable_compilation_cache
+    from jspec.batching import bucket
     from jspec.bench import forget_compiled, run_interleaved
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost, prefill_cost
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tok = load_model(args.model)

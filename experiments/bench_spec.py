@@ -86,7 +86,6 @@ def _median_ms(fn, repeats: int = 10) -> float:
 def worker_jspec(setup: dict, args) -> dict:
     import jax
 
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import predicted_seconds, run_interleaved, run_prompts
     from jspec.decode import Decoder
     from jspec.drafters import DraftModel, PromptLookup
@@ -94,6 +93,7 @@ def worker_jspec(setup: dict, args) -> dict:
     from jspec.models.hub import load_model
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     target, tokenizer = load_model(setup["target"])

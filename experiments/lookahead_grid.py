@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, two grid points (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import forget_compiled, run_interleaved
     from jspec.decode import Decoder
     from jspec.drafters import LookaheadDecoding, PromptLookup
@@ -61,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     if args.tiny:

@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from jspec.api import make_decoder
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import run_interleaved
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tokenizer = load_model(args.model)

@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--methods must start with ar: speedups are over plain decoding.")
     prompts = {c: category_prompts(c, args.limit) for c in categories}  # unknown categories refused first
 
-    from jspec.batching import enable_compilation_cache
     from jspec.bench import forget_compiled, run_interleaved
     from jspec.models.hub import load_model
     from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
+    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tokenizer = load_model(args.model)

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "bench", "train", "tune"):
-        from jspec.batching import enable_compilation_cache
+        from jspec.xla_cache import enable_compilation_cache
 
         enable_compilation_cache()
     quiet = getattr(args, "json", False)  # --json: one object on stdout and no progress bars on stderr
