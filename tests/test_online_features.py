@@ -18,6 +18,7 @@ def test_online_features_train_a_head_as_the_stored_ones_with_negative_control()
     online = _trainer(target, _head(target), **RUN).features_online(target, layers)
     assert online.data_keys == ("tokens", "mask")
     a, b = stored.fit(data, log_every=1), online.fit(ids_only, log_every=1)
+    assert all(r["tokens_per_s"] > 0 and r["seconds"] > 0 for r in a + b)  # the throughput line of every step
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(y["loss"], x["loss"], rtol=1e-4)
     for x, y in zip(jax.tree.leaves(stored.params), jax.tree.leaves(online.params), strict=True):

@@ -247,6 +247,10 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         "draft_vocab_coverage": covered,
         "data_seconds": data_seconds,
         "train_seconds": time.perf_counter() - t1,
+        "tokens_per_s": (trainer.step - (resumed_from or 0))
+        * recipe.train.batch_size
+        * recipe.seq_len
+        / max(time.perf_counter() - t1, 1e-9),
         "resumed_from": resumed_from,
         "steps": trainer.step,
         "final": history[-1] if history else None,
@@ -300,7 +304,8 @@ def _progress_bar(enabled: bool):
             if isinstance(info, dict):
                 loss = " ".join(f"{x:.2f}" for x in info["loss"])
                 acc = " ".join(f"{x:.2f}" for x in info["acc"])
-                bar.set_postfix_str(f"loss/step [{loss}] acc/step [{acc}]")
+                speed = f" {info['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in info else ""
+                bar.set_postfix_str(f"loss/step [{loss}] acc/step [{acc}]{speed}")
             if n >= total:
                 bar.close()
 

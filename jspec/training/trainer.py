@@ -207,6 +207,9 @@ class Trainer:
           data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H]
             (the last two not with :meth:`features_online`).
           progress: an optional callable(step, metrics) for a progress display.
+
+        Each logged row: ``step``, ``seconds`` (that step's wall time), ``tokens_per_s`` (the batch's
+        tokens, padding included, over it) and the step's metrics.
         """
         c = self.config
         until = c.total_steps if until is None else min(until, c.total_steps)
@@ -219,8 +222,9 @@ class Trainer:
             t0 = time.perf_counter()
             metrics = self.train_step(batch, window)
             if self.step % log_every == 0 or self.step == until:
-                row = {"step": self.step, "seconds": time.perf_counter() - t0}
-                row |= {k: np.asarray(v).tolist() for k, v in metrics.items()}
+                values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the step
+                seconds = time.perf_counter() - t0
+                row = {"step": self.step, "seconds": seconds, "tokens_per_s": batch["tokens"].size / seconds} | values
                 history.append(row)
                 if progress is not None:
                     progress(self.step, row)
