@@ -210,6 +210,13 @@ def test_a_hugging_face_dataset_folder_reads_as_its_rows(tokenizer, tmp_path):
     want = load_conversations(_write(tmp_path / "same.jsonl", [SHAREGPT]), tokenizer, 256, root=tmp_path / "store")
     assert [i.tolist() for i in data.ids] == [want.ids[0].tolist()] * 2
     assert data.skipped == {"unknown role 'robot'": [2]} and "(row 2)" in data.summary()
+    mixed = [  # plain text contents: Arrow does not mix a string column with OpenAI's lists of parts
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "q", "name": "x"}, {"role": "assistant", "content": "a"}]},
+    ]
+    datasets.Dataset.from_list(mixed).save_to_disk(str(tmp_path / "mixed"))  # Arrow gives every turn a name: None
+    data = load_conversations(tmp_path / "mixed", tokenizer, 256, root=tmp_path / "store")
+    assert len(data.ids) == 1 and data.skipped == {"a turn with fields jspec does not read ('name')": [2]}
     datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "splits"))
     assert len(load_conversations(tmp_path / "splits", tokenizer, 256, root=tmp_path / "store").ids) == 2
     datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "no_train"))

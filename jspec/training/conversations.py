@@ -86,7 +86,7 @@ def parse_row(row) -> list[dict] | str:
     """One JSON row as ``[{"role", "content"}, ...]``, or the reason it cannot be used."""
     if not isinstance(row, dict):
         return "not a JSON object"
-    found = [key for key in ROLES if key in row]
+    found = [key for key in ROLES if row.get(key) is not None]  # a dataset's missing column reads as None
     if len(found) != 1:
         return "neither 'conversations' (ShareGPT) nor 'messages' (OpenAI chat)" if not found else "both formats"
     role_key, text_key, roles = ROLES[found[0]]
@@ -97,7 +97,7 @@ def parse_row(row) -> list[dict] | str:
     for turn in turns:
         if not isinstance(turn, dict):
             return "a turn that is not an object"
-        extra = sorted(set(turn) - {role_key, text_key})
+        extra = sorted(k for k in set(turn) - {role_key, text_key} if turn[k] is not None)
         if extra:  # tool calls, names, weights: each would change what is trained on, and none is read
             return f"a turn with fields jspec does not read ({', '.join(map(repr, extra))})"
         role = turn.get(role_key)
