@@ -1,6 +1,7 @@
 """The user's conversations (ShareGPT, OpenAI chat JSONL): templated as at inference, the loss on the
 assistant's tokens, bad rows counted and skipped, tokenized once and stored by content."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -225,3 +226,20 @@ def test_a_hugging_face_dataset_folder_reads_as_its_rows(tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="is not a dataset saved with save_to_disk"):
         load_conversations(tmp_path / "empty", tokenizer, 256, root=tmp_path / "store")
+
+
+def test_a_data_folder_made_from_the_text_as_written_is_not_taken_for_regenerated_or_online_data(tmp_path, monkeypatch):
+    from tiny import tiny_model
+
+    from jspec.training import Recipe
+    from jspec.training.recipe import prepare_data
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path / "cache"))
+    tok, target = _word_tokenizer(), tiny_model(vocab_size=48)
+    path = _write(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "w1 w2"},
+                                                       {"role": "assistant", "content": "w3 w4"}]}])  # fmt: skip
+    as_written = Recipe("eagle3", seq_len=24, gen_batch=2, max_new_tokens=4, data_files=(str(path),))
+    prepare_data(target, tok, as_written, tmp_path / "data", "tiny")
+    for other in ({"regenerate": True}, {"features": "online"}):
+        with pytest.raises(ValueError, match="holds data made by another recipe"):
+            prepare_data(target, tok, dataclasses.replace(as_written, **other), tmp_path / "data", "tiny")

@@ -118,10 +118,10 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
             print(c.summary(), file=sys.stderr)
         want = {k: v for k, v in want.items() if k in ("model", "feature_layers", "seq_len")}
         want["data_files"] = [c.sha256 for c in conversations]
-    if recipe.features == "online":
-        want["features"] = "online"
         if recipe.regenerate:
             want["regenerated"] = how
+    if recipe.features == "online":
+        want["features"] = "online"
     defaults = {"prompt_source": "stdlib", "prompt_seed": 0}  # data sets written before these were recorded
     folder = pathlib.Path(folder)
     if (folder / "meta.json").exists():
