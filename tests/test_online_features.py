@@ -3,7 +3,7 @@ batch's token ids (the data holds ids and masks only) train a head as the stored
 
 import jax
 import numpy as np
-from test_eagle import _data, _head, _trainer
+from test_eagle import _data, _features, _head, _trainer
 from tiny import tiny_model
 
 RUN = {"num_steps": 2, "total_steps": 5, "warmup_steps": 1}
@@ -14,6 +14,9 @@ def test_online_features_train_a_head_as_the_stored_ones_with_negative_control()
     data = _data(target)
     ids_only = {k: data[k] for k in ("tokens", "mask")}
     layers = _head(target).config.feature_layers
+    # Stored features as the online step makes them: in the target's float32, not rounded to float16.
+    hs = [np.asarray(h) for h in _features(target, jax.numpy.asarray(data["tokens"]), (*layers, 3))]
+    data = data | {"features": np.stack(hs[:-1], axis=2), "top": hs[-1]}
     stored = _trainer(target, _head(target), **RUN)
     online = _trainer(target, _head(target), **RUN).features_online(target, layers)
     assert online.data_keys == ("tokens", "mask")

@@ -91,6 +91,21 @@ def window_starts(mask, num_steps: int, window: int | None) -> jax.Array:
     return jnp.clip(first - num_steps - 1, 0, t - 1 - window)
 
 
+def token_counts(mask, num_steps: int, window: int | None) -> jax.Array:
+    """float32[num_steps]: how many rows have a loss at each TTT step (Medusa: each head) in a batch, at
+    least 1: the denominators of :func:`head_loss`'s and :func:`jspec.training.medusa.medusa_loss`'s means.
+
+    Row r of step k has a loss when token r + k + 2 is a response token. A step that splits its batch
+    into micro-batches passes the whole batch's counts to each, so that the micro-batches' losses
+    add up to the whole batch's (gradient accumulation, exactly).
+    """
+    t = mask.shape[1]
+    w = t - 1 if window is None else window
+    rows = window_starts(mask, num_steps, window)[:, None] + jnp.arange(w)[None, :]
+    valid = jnp.stack([_rows(mask, rows + k + 2, False) for k in range(num_steps)])  # [steps, B, W]
+    return jnp.maximum(valid.sum((1, 2)), 1).astype(jnp.float32)
+
+
 def ttt_forward(head: DraftHead, tokens, feature, num_steps: int, starts=None, window: int | None = None):
     """The head's outputs at each training-time-test step: a list of [B, W, H].
 
@@ -126,7 +141,7 @@ def ttt_forward(head: DraftHead, tokens, feature, num_steps: int, starts=None, w
 
 
 def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: float, num_steps: int, decay: float,
-              regression_weight: float = 1.0, window: int | None = None):  # fmt: skip
+              regression_weight: float = 1.0, window: int | None = None, counts=None):  # fmt: skip
     """(loss, metrics) of one batch.
 
     Args:
@@ -138,6 +153,8 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
       window: static; rows per example that hold every loss (:func:`loss_window`): the
         steps after the first, the output layer and the loss run there only. None: all rows.
         The loss is the same either way.
+      counts: float32[num_steps], the means' denominators (:func:`token_counts`); default this batch's.
+        A micro-batch of a larger batch takes the larger batch's: the micro-batches' losses then add up.
 
     Returns:
       The weighted loss and a dict with per-step ``loss`` and ``acc`` (top-1 agreement with
@@ -149,8 +166,9 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
         raise ValueError(f"training sequences need at least 3 tokens; got {t}.")
     m = t - 1  # rows: pair (feature of token r, token r + 1), r = 0 .. T - 2
     w = m if window is None else window
-    features = batch["features"].astype(jnp.float32)
-    top = batch["top"].astype(jnp.float32)
+    dtype = head.fc[...].dtype  # the compute dtype (the trainer's bfloat16 copy, or float32)
+    features = batch["features"].astype(dtype)
+    top = batch["top"].astype(dtype)
     if head.config.kind == "eagle1":  # EAGLE-1 reads the top layer
         feature = head.fuse((top[:, :m],))
     else:
@@ -159,7 +177,8 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
     # The target's outputs at positions r + k + 1 of the window's rows r, every step k.
     ahead = starts[:, None] + 1 + jnp.arange(w + num_steps - 1)[None, :]
     top_ahead = _rows(top, ahead)
-    target_logp = jax.nn.log_softmax(linear(rms_norm(top_ahead, target_norm, rms_eps), target_rows), axis=-1)
+    target_logits = linear(rms_norm(top_ahead, target_norm, rms_eps), target_rows).astype(jnp.float32)
+    target_logp = jax.nn.log_softmax(target_logits, axis=-1)
     mask_ahead = _rows(mask, ahead + 1, False)  # token r + k + 2 exists and is a response token
     total = jnp.float32(0.0)
     losses, accs = [], []
@@ -168,12 +187,12 @@ def head_loss(head: DraftHead, batch: dict, target_norm, target_rows, rms_eps: f
         tgt = target_logp[:, k : k + w]
         valid = mask_ahead[:, k : k + w]
         ce = -jnp.sum(jnp.exp(tgt) * logp, axis=-1)
-        count = jnp.maximum(valid.sum(), 1)
+        count = jnp.maximum(valid.sum(), 1) if counts is None else counts[k]
         loss_k = jnp.sum(jnp.where(valid, ce, 0.0)) / count
         acc_k = jnp.sum(valid & (logp.argmax(-1) == tgt.argmax(-1))) / count
         if head.config.kind == "eagle1":
             nxt = top_ahead[:, k : k + w]  # the next top-layer feature, what EAGLE-1 regresses
-            reg = jnp.sum(optax.huber_loss(h, nxt).mean(-1) * valid) / count
+            reg = jnp.sum(optax.huber_loss(h.astype(jnp.float32), nxt.astype(jnp.float32)).mean(-1) * valid) / count
             loss_k = regression_weight * reg + 0.1 * loss_k
         total = total + (decay**k) * loss_k
         losses.append(loss_k)

@@ -20,7 +20,7 @@ from jspec.training.loss import _rows, window_starts
 __all__ = ["medusa_loss", "rank_rates"]
 
 
-def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | None = None):
+def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | None = None, counts=None):
     """(weighted loss, {"loss": [K], "acc": [K]}): head k's mean cross-entropy and top-1 agreement with
     the data's token (the target's own response), weighted by ``decay ** k`` (Medusa's λ_k).
 
@@ -29,6 +29,8 @@ def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | Non
         (the target's last layer output).
       window: rows per example with a loss (:func:`jspec.training.loss.loss_window` with K), or
         None for every row.
+      counts: float32[K], the means' denominators (:func:`jspec.training.loss.token_counts`); default
+        this batch's.
     """
     tokens, mask = batch["tokens"], batch["mask"]
     k = heads.config.num_heads
@@ -36,22 +38,23 @@ def medusa_loss(heads: MedusaHeads, batch: dict, decay: float, window: int | Non
     w = t - 1 if window is None else window
     starts = window_starts(mask, k, window)
     rows = starts[:, None] + jnp.arange(w)[None, :]  # [B, W]
-    states = heads.states(_rows(batch["top"].astype(jnp.float32), rows))  # [B, W, K, H]
+    states = heads.states(_rows(batch["top"].astype(heads.lm_head[...].dtype), rows))  # [B, W, K, H]
     lm_head = heads.lm_head[...]
 
     @jax.checkpoint
-    def head_terms(state, target, valid):
+    def head_terms(state, target, valid, count):
         logits = linear(state, lm_head).astype(jnp.float32)  # [B, W, V]
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
-        count = jnp.maximum(valid.sum(), 1)
+        count = jnp.maximum(valid.sum(), 1) if count is None else count
         hit = (jnp.argmax(logits, axis=-1) == target) & valid
         return jnp.sum(nll * valid) / count, hit.sum() / count
 
     losses, accs = [], []
     for i in range(k):
         ahead = rows + i + 2
-        loss, acc = head_terms(states[:, :, i], _rows(tokens, ahead), _rows(mask, ahead, False))
+        count = None if counts is None else counts[i]
+        loss, acc = head_terms(states[:, :, i], _rows(tokens, ahead), _rows(mask, ahead, False), count)
         losses.append(loss)
         accs.append(acc)
     losses, accs = jnp.stack(losses), jnp.stack(accs)

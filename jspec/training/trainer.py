@@ -3,10 +3,19 @@
 A run checkpoints parameters, optimizer state and the step every
 ``checkpoint_every`` steps; the data order is a pure function of (seed, step),
 so a resumed run sees exactly the batches it would have seen.
+
+Several devices (:meth:`Trainer.shard`): the step is the one-device step, jitted over a
+``("data", "model")`` mesh from the shardings of its inputs (GSPMD): each batch's rows split over
+``data`` (the gradient's sum over them becomes an all-reduce), the head's parameters and the
+optimizer state with them replicated, the frozen target's weights (online features, output rows)
+split over ``model`` as generation splits them. Gradient accumulation (``accumulate``) runs a
+step's batch as micro-batches in a ``lax.scan``, each mean taken over the whole batch's counts,
+so either gives one device's step up to float rounding (``tests/test_train_mesh.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import time
@@ -18,9 +27,24 @@ import optax
 from flax import nnx
 
 from jspec.heads import DraftHead
-from jspec.training.loss import head_loss, loss_window
+from jspec.training.loss import head_loss, loss_window, token_counts
 
-__all__ = ["TrainConfig", "Trainer", "batch_order", "make_optimizer"]
+__all__ = ["PEAK_FLOPS", "TrainConfig", "Trainer", "batch_order", "make_optimizer", "peak_flops"]
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+# Dense bfloat16 peak FLOP/s per device, from the vendors' data sheets (SXM parts; TPU per chip):
+# the denominator of the training log's ``peak_fraction``. Devices not named here (CPUs) get none.
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
+}  # fmt: skip
+
+
+def peak_flops(device) -> float | None:
+    """The dense bfloat16 peak FLOP/s of ``device`` (a ``jax.Device``), or None where not known (CPUs)."""
+    kind = str(getattr(device, "device_kind", ""))
+    return next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +60,15 @@ class TrainConfig:
     regression_weight: float = 1.0  # EAGLE-1's feature loss (the token loss weighs 0.1 there)
     checkpoint_every: int = 200
     seed: int = 0
+    accumulate: int = 1  # micro-batches per step: a step trains on batch_size * accumulate examples
+    compute_dtype: str = "float32"  # "bfloat16": forward and backward in bf16; weights and optimizer float32
 
     def __post_init__(self):
-        for name in ("num_steps", "batch_size", "total_steps", "checkpoint_every"):
+        for name in ("num_steps", "batch_size", "total_steps", "checkpoint_every", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}; got {self.compute_dtype!r}.")
         if not 0 <= self.warmup_steps < self.total_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be at least 0 and below total_steps "
                              f"({self.total_steps}); use fewer warmup steps or more steps.")  # fmt: skip
@@ -72,7 +100,8 @@ class Trainer:
     """Trains a head on prepared data; checkpoints and resumes with orbax.
 
     The loss is EAGLE's (:func:`head_loss`, against the target's final norm and output rows), or
-    ``loss(head, batch, window) -> (loss, metrics)`` for another kind of head (:meth:`for_medusa`).
+    ``loss(head, batch, window, counts) -> (loss, metrics)`` for another kind of head (:meth:`for_medusa`;
+    ``counts``: the means' denominators, :func:`token_counts`).
     """
 
     def __init__(self, head: DraftHead, target_norm, target_rows, rms_eps: float, config: TrainConfig,
@@ -98,6 +127,7 @@ class Trainer:
             )
             self.manager = ocp.CheckpointManager(pathlib.Path(checkpoint_dir).absolute(), options=options)
         self._online = None  # (the target's graphdef, its weights, layers): features made in the step
+        self.mesh = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames="window")
 
     @classmethod
@@ -108,10 +138,10 @@ class Trainer:
         return cls(head, target.final_norm_weight(), rows, target.config.rms_eps, config, checkpoint_dir)
 
     def features_online(self, target, layers: tuple[int, ...]) -> Trainer:
-        """Computes the target's hidden states at ``layers`` and its last layer (float16, as
-        :func:`jspec.training.data.feature_forward` stores them) inside each training step, from the
-        batch's tokens (SpecForge's "online" mode): the data holds token ids and masks only. The
-        target is frozen (no gradient reaches it) and its weights are an argument of the step."""
+        """Computes the target's hidden states at ``layers`` and its last layer inside each training
+        step, from the batch's tokens (SpecForge's "online" mode): the data holds token ids and masks
+        only. The target is frozen (no gradient reaches it) and its weights are an argument of the
+        step. (Stored features are float16; these stay in the target's dtype.)"""
         graphdef, weights = nnx.split(target)
         self._online = (graphdef, weights, (*layers, target.config.num_layers - 1))
         return self
@@ -130,44 +160,119 @@ class Trainer:
         if config.num_steps != heads.config.num_heads:
             raise ValueError(f"config.num_steps ({config.num_steps}) must equal the number of Medusa heads "
                              f"({heads.config.num_heads}): it sizes the loss window.")  # fmt: skip
-        loss = lambda head, batch, window: medusa_loss(head, batch, config.decay, window)  # noqa: E731
+        loss = lambda head, batch, window, counts: medusa_loss(head, batch, config.decay, window, counts)  # noqa: E731
         return cls(heads, None, None, 0.0, config, checkpoint_dir, loss=loss)
+
+    def shard(self, mesh) -> Trainer:
+        """Trains over ``mesh`` (:func:`jspec.sharding.make_mesh`; see the module docstring): batches split
+        over its ``data`` axis, the target's weights over ``model``. Call before :meth:`restore`; a
+        checkpoint written on any mesh (or one device) restores onto any other."""
+        from jspec.sharding import DATA, axis_size, check_mesh, place_model, replicate
+
+        online = self._online
+        check_mesh(mesh, None if online is None else nnx.merge(online[0], online[1]).config)
+        data = axis_size(mesh, DATA)
+        if self.config.batch_size % data:
+            raise ValueError(
+                f"the batch of {self.config.batch_size} rows (a micro-batch, with accumulation) does not split over "
+                f"the mesh's data axis of {data}: choose a batch size that is a multiple of {data}."
+            )  # fmt: skip
+        self.mesh = mesh
+        self.params, self.opt_state, self.frozen, self.target = replicate(
+            mesh, (self.params, self.opt_state, self.frozen, self.target)
+        )
+        if online is not None:
+            graphdef, weights = place_model(mesh, nnx.merge(online[0], online[1]))
+            self._online = (graphdef, weights, online[2])
+        return self
+
+    def _compute(self, tree):
+        """The floating arrays of ``tree`` in the compute dtype (the float32 masters stay as they are)."""
+        dtype = jnp.dtype(self.config.compute_dtype)
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    def _with_features(self, batch, weights):
+        """``batch`` with the frozen target's features (online mode); unchanged with stored features."""
+        if weights is None:
+            return batch
+        graphdef, _, layers = self._online
+        tokens = batch["tokens"]
+        b, t = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        model = nnx.merge(graphdef, jax.lax.stop_gradient(weights))
+        out = model(tokens, positions, model.init_cache(b, t), hidden_layers=layers).hidden_states
+        # In the target's own dtype, not rounded to float16 as stored features are: nothing is stored, and
+        # a float16 rounding flips on the last bit of a sum split over devices (a mesh's step then differs).
+        return batch | {"features": jnp.stack(out[:-1], axis=2), "top": out[-1]}
 
     def _train_step(self, params, opt_state, frozen, target, batch, window=None, weights=None):
         c = self.config
-        if weights is not None:  # online: the frozen target's features over the batch
-            graphdef, _, layers = self._online
-            tokens = batch["tokens"]
-            b, t = tokens.shape
-            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            model = nnx.merge(graphdef, jax.lax.stop_gradient(weights))
-            hs = [
-                h.astype(jnp.float16)
-                for h in model(tokens, positions, model.init_cache(b, t), hidden_layers=layers).hidden_states
-            ]
-            batch = batch | {"features": jnp.stack(hs[:-1], axis=2), "top": hs[-1]}
+        counts = token_counts(batch["mask"], c.num_steps, window)  # the whole batch's: micro-batches add up
+        frozen, target = self._compute(frozen), self._compute(target)
 
-        def loss_fn(params):
-            head = nnx.merge(self.graphdef, params, frozen)
-            if self.loss is not None:
-                return self.loss(head, batch, window)
-            return head_loss(head, batch, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight, window)
+        def grads(micro):
+            micro = self._with_features(micro, weights)
 
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
+            def loss_fn(params):
+                head = nnx.merge(self.graphdef, self._compute(params), frozen)
+                if self.loss is not None:
+                    return self.loss(head, micro, window, counts)
+                return head_loss(head, micro, *target, self.rms_eps, c.num_steps, c.decay, c.regression_weight,
+                                 window, counts)  # fmt: skip
+
+            (loss, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            return g, metrics | {"total": loss}
+
+        if c.accumulate == 1:
+            g, metrics = grads(batch)
+        else:
+            # Micro-batch j holds rows j, j + K, j + 2K, ...: every device's rows feed every micro-batch.
+            micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, c.accumulate, *x.shape[1:]), 0, 1), batch)
+            zero = jax.tree.map(
+                lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(grads, jax.tree.map(lambda x: x[0], micro))
+            )
+
+            def add(total, one):
+                return jax.tree.map(jnp.add, total, grads(one)), None
+
+            (g, metrics), _ = jax.lax.scan(add, zero, micro)
+        updates, opt_state = self.tx.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, metrics | {"total": loss, "grad_norm": optax.tree.norm(grads)}
+        return params, opt_state, metrics | {"grad_norm": optax.tree.norm(g)}
+
+    def _place_batch(self, batch: dict) -> dict:
+        from jspec.sharding import shard_rows
+
+        rows = len(batch["tokens"])
+        return shard_rows(self.mesh, batch, rows, rows)
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def train_step(self, batch: dict, window: int | None = None) -> dict:
-        """One optimizer step on ``batch`` (arrays as in :meth:`fit`, one row per example); returns its
-        metrics. ``window``: the loss window's width (:func:`loss_window`), or None to run every TTT
-        step on every row. Each distinct width compiles once."""
+        """One optimizer step on ``batch`` (arrays as in :meth:`fit`: ``batch_size * accumulate`` rows);
+        returns its metrics. ``window``: the loss window's width (:func:`loss_window`), or None to run
+        every TTT step on every row. Each distinct width compiles once."""
         weights = None if self._online is None else self._online[1]
-        self.params, self.opt_state, metrics = self._step_fn(
-            self.params, self.opt_state, self.frozen, self.target, batch, window=window, weights=weights
-        )
+        with self._mesh_context():
+            self.params, self.opt_state, metrics = self._step_fn(
+                self.params, self.opt_state, self.frozen, self.target, self._place_batch(batch), window=window,
+                weights=weights,
+            )  # fmt: skip
         self.step += 1
         return metrics
+
+    def step_flops(self, batch: dict, window: int | None = None) -> float | None:
+        """The floating-point operations of one step on ``batch`` as XLA counts them (its cost analysis of
+        the lowered step; None where the backend gives none)."""
+        weights = None if self._online is None else self._online[1]
+        with self._mesh_context():
+            lowered = self._step_fn.lower(self.params, self.opt_state, self.frozen, self.target,
+                                          self._place_batch(batch), window=window, weights=weights)  # fmt: skip
+        cost = lowered.cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        flops = None if not cost else cost.get("flops")
+        return None if flops is None or flops <= 0 else float(flops)
 
     def restore(self) -> bool:
         """Loads the latest checkpoint if there is one; returns whether it did."""
@@ -205,26 +310,37 @@ class Trainer:
 
         Args:
           data: numpy arrays ``tokens`` [N, T], ``mask`` [N, T], ``features`` [N, T, n, H], ``top`` [N, T, H]
-            (the last two not with :meth:`features_online`).
+            (the last two not with :meth:`features_online`). Every process passes the same.
           progress: an optional callable(step, metrics) for a progress display.
 
         Each logged row: ``step``, ``seconds`` (that step's wall time), ``tokens_per_s`` (the batch's
-        tokens, padding included, over it) and the step's metrics.
+        tokens, padding included, over it), ``peak_fraction`` (the step's FLOP/s over the devices'
+        bfloat16 peak, :data:`PEAK_FLOPS`; None where the peak is not known, as on CPUs) and the
+        step's metrics.
         """
+        from jspec.sharding import to_host
+
         c = self.config
         until = c.total_steps if until is None else min(until, c.total_steps)
-        n = len(data["tokens"])
+        n, rows = len(data["tokens"]), c.batch_size * c.accumulate
         window = loss_window(data["mask"], c.num_steps)  # one width for the whole run: one compilation
+        devices = jax.devices() if self.mesh is None else self.mesh.devices.flat
+        peaks = [peak_flops(d) for d in devices] if self.mesh is not None else [peak_flops(jax.devices()[0])]
+        flops = None
         history = []
         while self.step < until:
-            idx = np.sort(batch_order(n, c.batch_size, self.step, c.seed))
-            batch = {key: jnp.asarray(data[key][idx]) for key in self.data_keys}
+            idx = np.sort(batch_order(n, rows, self.step, c.seed))
+            batch = {key: data[key][idx] for key in self.data_keys}
+            if flops is None and all(peaks):
+                flops = self.step_flops(batch, window)
             t0 = time.perf_counter()
             metrics = self.train_step(batch, window)
             if self.step % log_every == 0 or self.step == until:
-                values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the step
+                values = {k: v.tolist() for k, v in to_host(metrics).items()}  # waits for the step
                 seconds = time.perf_counter() - t0
-                row = {"step": self.step, "seconds": seconds, "tokens_per_s": batch["tokens"].size / seconds} | values
+                fraction = None if flops is None else flops / seconds / sum(peaks)
+                row = {"step": self.step, "seconds": seconds, "tokens_per_s": batch["tokens"].size / seconds,
+                       "peak_fraction": fraction} | values  # fmt: skip
                 history.append(row)
                 if progress is not None:
                     progress(self.step, row)
@@ -235,4 +351,11 @@ class Trainer:
         return history
 
     def head(self) -> DraftHead:
-        return nnx.merge(self.graphdef, self.params, self.frozen)
+        """The trained head, its arrays on the host's default device (gathered from a mesh)."""
+        from jspec.sharding import to_host
+
+        if self.mesh is None:
+            params, frozen = self.params, self.frozen
+        else:
+            params, frozen = jax.tree.map(jnp.asarray, to_host((self.params, self.frozen)))
+        return nnx.merge(self.graphdef, params, frozen)

@@ -1,0 +1,72 @@
+"""Training over meshes (jax.sharding), with gradient accumulation and in bfloat16: the parallel step is one
+device's step. Each run trains a tiny EAGLE-3 head for 20 steps (tests/train_mesh_script.py); a gap is the
+largest relative difference from one device's run, of the losses (per step) or of the parameters (per array,
+in norm)."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import xla_flags
+
+TESTS = pathlib.Path(__file__).parent
+EXACT = 1e-5  # float32: what a split sum's other order of adding leaves (measured: at most 2.3e-7)
+
+
+def _script(*args, devices=8):
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), PYTHONPATH=str(TESTS))
+    return subprocess.Popen([sys.executable, str(TESTS / "train_mesh_script.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+def _result(proc):
+    stdout, stderr = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])  # Gloo prints its own lines before it
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _result(_script())
+
+
+@pytest.mark.parametrize("features", ["stored", "online"])
+@pytest.mark.parametrize("layout", ["1x8", "2x4", "8x1", "accumulate", "2x4+accumulate"])
+def test_a_mesh_or_accumulated_step_trains_one_devices_head(runs, layout, features):
+    """Meshes data x model over 8 devices (online: the target's weights split over the model axis too);
+    a batch of 8 as 2 micro-batches of 4, on one device and on a 2x4 mesh."""
+    gap = runs[f"{layout}/{features}"]
+    assert gap["loss"] < EXACT and gap["params"] < EXACT, gap
+
+
+def test_micro_batches_averaged_over_their_own_tokens_are_not_the_batch_step(runs):
+    """Negative control: the accumulation shortcut (each micro-batch's mean over its own tokens) is caught."""
+    assert runs["own_means"]["params"] > 10 * EXACT  # measured 5.2e-4
+
+
+def test_bfloat16_compute_keeps_float32_weights_and_trains_like_float32(runs):
+    bf16 = runs["bfloat16"]
+    assert bf16["dtypes"] == ["float32", "int32"]  # master weights and optimizer state (and Adam's count)
+    assert EXACT < bf16["params"] < 0.05  # computed in bfloat16 (not float32), close to it (measured 0.006)
+    first, last = bf16["first_last"]
+    assert last < first and abs(last - bf16["first_last_f32"][1]) < 1e-2 * last
+
+
+def test_every_logged_step_says_its_throughput(runs):
+    assert {"seconds", "tokens_per_s", "peak_fraction"} <= set(runs["log_row"])
+
+
+def test_two_processes_over_one_mesh_train_one_devices_head():
+    """jax.distributed: two processes of 4 devices, one 2x4 mesh over both."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = str(s.getsockname()[1])
+    procs = [_script(str(i), port, devices=4) for i in range(2)]
+    first, second = (_result(p) for p in procs)
+    assert first == second and first.pop("multi_process")
+    for name, gap in first.items():
+        assert gap["loss"] < EXACT and gap["params"] < EXACT, (name, gap)
