@@ -70,3 +70,16 @@ def test_two_processes_over_one_mesh_train_one_devices_head():
     assert first == second and first.pop("multi_process")
     for name, gap in first.items():
         assert gap["loss"] < EXACT and gap["params"] < EXACT, (name, gap)
+
+
+@pytest.mark.slow  # ~100 s; the mesh and accumulation steps themselves are the tests above
+def test_the_command_line_trains_over_a_mesh_with_accumulation_and_reports_one_json(tmp_path):
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2))
+    argv = [sys.executable, "-m", "jspec.cli", "train", "eagle3", "--tiny", "--mesh", "data=2", "--accumulate", "2",
+            "--eval-prompts", "0", "--json", "--out", str(tmp_path / "head")]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["head"] == str(tmp_path / "head") and (tmp_path / "head" / "head.safetensors").exists()
+    assert out["steps"] == 12 and out["final_loss"] > 0 and out["tokens_per_s"] > 0
+    assert out["recipe"]["train"]["accumulate"] == 2

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from jspec.cli_common import add_mesh_options, mesh_from_args
+
 __all__ = ["add_train_command"]
 
 
@@ -61,7 +63,14 @@ def add_train_command(sub, positive_int, add_json) -> None:
                    help="loss weight of TTT step / Medusa head k: decay ** k")  # fmt: skip
     p.add_argument("--feature-layers", default=None, help="e.g. 2,15,27 (default: 2, L/2, L-3)")
     p.add_argument("--steps", type=positive_int, default=1000)
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="examples per micro-batch (with --accumulate K a step trains on K micro-batches)")  # fmt: skip
+    p.add_argument("--accumulate", type=positive_int, default=1, metavar="K",
+                   help="gradient accumulation: each step sums the gradients of K micro-batches run one after "
+                        "another (the step of one batch of K x --batch-size examples in one's memory)")  # fmt: skip
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="compute dtype of the forward and backward passes, the target's weights too; the head's "
+                        "weights and optimizer stay float32 (default: float32 on CPU, bfloat16 elsewhere)")  # fmt: skip
     p.add_argument("--ttt-steps", type=positive_int, default=None, help="EAGLE-3: training-time-test steps (default 7)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: min(50, steps // 10))")
@@ -72,6 +81,7 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--eval-tokens", type=positive_int, default=64)
     p.add_argument("--num-draft", type=positive_int, default=5)
     p.add_argument("--tiny", action="store_true", help="a minute-long run on tiny settings (tests, notebooks)")
+    add_mesh_options(p)
     add_json(p)
     p.set_defaults(fn=_cmd_train)
 
@@ -110,19 +120,24 @@ def _cmd_train(args) -> int:
         raise ValueError("--medusa-heads is for `jspec train medusa`.")
     if args.ttt_steps is not None and args.kind == "eagle1":
         raise ValueError("--ttt-steps is for EAGLE-3 heads (EAGLE-1 trains without training-time test).")
+    import jax
+
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
                                      warm_start=args.warm_start, data_files=tuple(args.data_file),
                                      regenerate=args.regenerate, features=args.features)  # fmt: skip
+        train = dataclasses.replace(recipe.train, accumulate=args.accumulate, compute_dtype=dtype)
         if medusa and args.medusa_heads:
-            recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, num_steps=args.medusa_heads))
+            train = dataclasses.replace(train, num_steps=args.medusa_heads)
+        recipe = dataclasses.replace(recipe, train=train)
     else:
         warmup = min(50, args.steps // 10) if args.warmup is None else args.warmup
         steps = {"eagle1": 1, "eagle3": args.ttt_steps or 7, "medusa": args.medusa_heads or 4}[args.kind]
         train = TrainConfig(
             num_steps=steps, batch_size=args.batch_size, decay=args.decay,
             total_steps=args.steps, warmup_steps=warmup, learning_rate=args.lr,
-            checkpoint_every=args.checkpoint_every, seed=args.seed,
+            checkpoint_every=args.checkpoint_every, seed=args.seed, accumulate=args.accumulate, compute_dtype=dtype,
         )  # fmt: skip
         layers = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else None
         recipe = Recipe(
@@ -133,13 +148,27 @@ def _cmd_train(args) -> int:
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
-    model, tokenizer = load_model(args.model, layer_loop="scan" if args.tiny else None)
+    mesh = mesh_from_args(args)  # joins the other processes (--coordinator) before anything loads
+    data_axis = 1 if mesh is None else mesh.shape["data"]
+    if recipe.train.batch_size % data_axis:
+        raise ValueError(f"--batch-size {recipe.train.batch_size} does not split over the mesh's data axis of "
+                         f"{data_axis}: choose a multiple of {data_axis}.")  # fmt: skip
+    model, tokenizer = load_model(args.model, layer_loop="scan" if args.tiny else None, dtype=dtype)
     head, report = train_head(model, tokenizer, recipe, args.out, model_name=args.model, data_dir=args.data,
-                              extra_data=args.extra_data, progress=not args.json, until=args.stop_after)  # fmt: skip
+                              extra_data=args.extra_data, progress=not args.json, until=args.stop_after,
+                              mesh=mesh)  # fmt: skip
+    if jax.process_index() > 0:  # over several processes the first one evaluates, saves and reports
+        return 0
+    finished = report["steps"] >= recipe.train.total_steps
     evaluation = None
-    if report["steps"] >= recipe.train.total_steps and args.eval_prompts:
+    if finished and args.eval_prompts:
         evaluation = _evaluate_head(head, model, tokenizer, args)
-    out = {"out": str(args.out), "recipe": dataclasses.asdict(recipe), "report": report, "evaluation": evaluation}
+    final = report["final"] or {}
+    out = {
+        "head": str(args.out) if finished else None, "steps": report["steps"], "final_loss": final.get("total"),
+        "tokens_per_s": report["tokens_per_s"], "out": str(args.out), "recipe": dataclasses.asdict(recipe),
+        "report": report, "evaluation": evaluation,
+    }  # fmt: skip
     if args.json:
         print(json.dumps(out, default=str))
     else:

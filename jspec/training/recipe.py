@@ -10,6 +10,7 @@ import shutil
 import sys
 import time
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -201,11 +202,13 @@ def load_extra_data(folders, data: dict, meta_keys: dict) -> tuple[dict, list[di
 
 
 def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, data_dir=None, extra_data=(),
-               progress: bool = True, until: int | None = None) -> tuple[DraftHead, dict]:  # fmt: skip
+               progress: bool = True, until: int | None = None, mesh=None) -> tuple[DraftHead, dict]:  # fmt: skip
     """Data (made once), draft vocabulary, head, training with checkpoints (resumed when present), saved head.
 
     Args:
       extra_data: folders of data sets prepared by earlier runs, trained on beside ``data_dir``'s.
+      mesh: train over this ``("data", "model")`` mesh (:meth:`Trainer.shard`). Over several processes
+        (``jax.distributed``) process 0 makes the data and saves the head; every process trains.
 
     Returns the head and a report: data size, per-step loss and accuracy at the end, seconds.
     """
@@ -213,7 +216,15 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     data_dir = pathlib.Path(data_dir) if data_dir else out_dir / "data"
     bar = _progress_bar(progress)
     t0 = time.perf_counter()
-    data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
+    first = jax.process_index() == 0
+    if first:  # over several processes the first one makes the data; the others read it when it is there
+        data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("jspec train: data ready")
+        if not first:
+            data = prepare_data(target, tokenizer, recipe, data_dir, model_name)
     data_seconds = time.perf_counter() - t0
     if recipe.kind == "medusa":  # the data's top layer only; the target's whole vocabulary (tied output)
         layers = HeadConfig.for_target(target.config, "eagle3", 1, recipe.feature_layers).feature_layers
@@ -231,6 +242,8 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
         if recipe.features == "online":
             trainer.features_online(target, head.config.feature_layers)
+    if mesh is not None:
+        trainer.shard(mesh)
     resumed_from = trainer.step if trainer.restore() else None
     if resumed_from is not None:
         print(f"resuming training at step {resumed_from} of {recipe.train.total_steps} from {out_dir / 'checkpoints'} "
@@ -249,6 +262,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         "train_seconds": time.perf_counter() - t1,
         "tokens_per_s": (trainer.step - (resumed_from or 0))
         * recipe.train.batch_size
+        * recipe.train.accumulate
         * recipe.seq_len
         / max(time.perf_counter() - t1, 1e-9),
         "resumed_from": resumed_from,
@@ -260,7 +274,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
 
         report["held_out_examples"] = len(heldout["tokens"])
         report["rank_rates"] = np.round(rank_rates(head, heldout), 5).tolist()
-    if trainer.step >= recipe.train.total_steps:
+    if trainer.step >= recipe.train.total_steps and first:
         recipe_dict = dataclasses.asdict(recipe) | {"model": model_name}
         save = save_medusa if recipe.kind == "medusa" else save_head
         save(head, out_dir, recipe=recipe_dict | {"report": report})
