@@ -109,8 +109,11 @@ def _recipe(args, total_steps: int):
         train = TrainConfig(**{**tiny.train.__dict__, "total_steps": total_steps})
         return Recipe("eagle3", num_prompts=args.num_prompts or 8, seq_len=128, max_new_tokens=24, gen_batch=8,
                       draft_vocab=512, train=train)  # fmt: skip
+    import jax
+
+    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"  # float32 master weights either way
     train = TrainConfig(num_steps=5, batch_size=args.batch_size, learning_rate=1e-3, warmup_steps=100,
-                        total_steps=total_steps, checkpoint_every=500, seed=1)  # fmt: skip
+                        total_steps=total_steps, checkpoint_every=500, seed=1, compute_dtype=dtype)  # fmt: skip
     return Recipe("eagle3", prompt_source="stdlib", num_prompts=args.num_prompts or 12000, seq_len=256,
                   max_new_tokens=192, gen_batch=args.gen_batch, draft_vocab=8192, train=train)  # fmt: skip
 
@@ -159,7 +162,9 @@ def _cmd_train(args) -> dict:
     head_dir = work / "head"
     _, rep = train_head(target, tokenizer, _recipe(args, total), head_dir, model_name=MODEL, data_dir=work / "data",
                         progress=False)  # fmt: skip
-    report |= {"train_s": time.perf_counter() - t2, "final": rep["final"]}
+    final = rep["final"] or {}
+    report |= {"train_s": time.perf_counter() - t2, "final": rep["final"], "tokens_per_s": rep["tokens_per_s"],
+               "peak_fraction": final.get("peak_fraction")}  # fmt: skip
 
     # Held out: MT-bench and HumanEval, teacher forced, the new head beside the shipped one.
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
