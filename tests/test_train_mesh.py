@@ -60,6 +60,27 @@ def test_every_logged_step_says_its_throughput(runs):
     assert {"seconds", "tokens_per_s", "peak_fraction"} <= set(runs["log_row"])
 
 
+def test_a_steps_flops_are_counted_from_its_program_and_peaks_are_known_for_accelerators_only():
+    """The numerator and denominator of the log's peak_fraction: XLA's count of the lowered step, which
+    doubles with the batch; the data sheets' peaks (none for a CPU)."""
+    import types
+
+    import jax
+    from test_eagle import _data, _head, _trainer
+    from tiny import tiny_model
+
+    from jspec.training.trainer import peak_flops
+
+    target = tiny_model("qwen2", seed=0, num_layers=4)
+    data = _data(target, n=8, t=8)
+    flops = [_trainer(target, _head(target), batch_size=b).step_flops({k: v[:b] for k, v in data.items()}, 8)
+             for b in (4, 8)]  # fmt: skip
+    assert flops[0] > 1e6 and 1.8 < flops[1] / flops[0] < 2.1  # measured 1.95 (the optimizer's share is fixed)
+    assert peak_flops(jax.devices("cpu")[0]) is None
+    assert peak_flops(types.SimpleNamespace(device_kind="NVIDIA H200")) == 989e12
+    assert peak_flops(types.SimpleNamespace(device_kind="TPU v5 lite")) == 197e12
+
+
 def test_two_processes_over_one_mesh_train_one_devices_head():
     """jax.distributed: two processes of 4 devices, one 2x4 mesh over both."""
     with socket.socket() as s:
