@@ -273,3 +273,31 @@ def test_startup_plain_cold_then_warm(tmp_path, smollm2):
     assert "error" not in cold and "error" not in warm
     assert warm["compile_s"] < cold["compile_s"] and cold["first_token_s"] > cold["compile_s"]
     assert json.loads((tmp_path / "startup.json").read_text())[-1]["tokens"] == 16
+
+
+def test_ablate_heads_grid_collapses_options_a_kind_lacks_and_refuses_unknown_ones():
+    ablate = _load("ablate_heads")
+    grid = ablate.parse_grid(["kind=eagle3,eagle1,medusa", "ttt=1,3", "warm=0,1"])
+    names = [ablate.cell_name(c) for c in ablate.cells(grid)]
+    assert len(names) == 4 + 2 + 1  # EAGLE-3: 2 TTT x 2 warm; EAGLE-1: 1 TTT x 2 warm; Medusa: one
+    assert "kind=medusa layers=top decay=0.8 warm=0" in names
+    for bad, message in ((["depth=3"], "KEY one of"), (["kind=eagle2"], "not head kinds"), (["ttt=0"], "at least 1"),
+                         (["layers=2-x"], "neither 'default'"), (["ttt=1", "ttt=3"], "names ttt twice")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            ablate.parse_grid(bad)
+
+
+@pytest.mark.slow  # ~5 minutes on SmolLM2; training each kind is tested in test_eagle.py and test_medusa.py
+def test_ablate_heads_tiny_runs_each_kind_on_the_same_data_resumes_and_refuses_other_arguments(tmp_path, smollm2):
+    ablate = _load("ablate_heads")
+    argv = ["--tiny", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--grid",
+            "kind=eagle3,eagle1,medusa", "--batch-size", "2", "--heldout", "2", "--limit", "1",
+            "--eval-tokens", "16", "--num-draft", "2", "--steps", "6"]  # fmt: skip
+    report = ablate.main(argv)
+    assert [c["cell"]["kind"] for c in report["cells"].values()] == ["eagle3", "eagle1", "medusa"]
+    for cell in report["cells"].values():
+        assert len(cell["agreement"]) == 2 and cell["tau"] >= 1.0 and cell["predicted_speedup"] > 0
+    assert (tmp_path / "out" / "ablate_heads.png").stat().st_size > 5_000
+    assert ablate.main(argv)["cells"] == report["cells"]  # kept, not re-run
+    with pytest.raises(SystemExit, match=r"other arguments \(steps\)"):
+        ablate.main([*argv[:-1], "7"])
