@@ -243,3 +243,38 @@ def test_a_data_folder_made_from_the_text_as_written_is_not_taken_for_regenerate
     for other in ({"regenerate": True}, {"features": "online"}):
         with pytest.raises(ValueError, match="holds data made by another recipe"):
             prepare_data(target, tok, dataclasses.replace(as_written, **other), tmp_path / "data", "tiny")
+
+
+def test_resuming_checkpoints_of_another_run_or_data_for_another_vocabulary_is_refused(tmp_path, monkeypatch):
+    """Other data or options than the checkpoints' run: refused before anything compiles, nothing overwritten."""
+    from tiny import tiny_model
+
+    from jspec.training import Recipe, TrainConfig
+    from jspec.training.recipe import _check_tokens, train_head
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path / "cache"))
+    tok, target = _word_tokenizer(), tiny_model(vocab_size=48)
+    rows = [{"messages": [{"role": "user", "content": f"w{i} w{i + 1}"},
+                          {"role": "assistant", "content": f"w{i + 2} w{i + 3} w{i + 4}"}]}
+            for i in range(6)]  # fmt: skip
+    train = TrainConfig(num_steps=2, batch_size=2, total_steps=2, warmup_steps=0, checkpoint_every=1)
+    recipe = Recipe("eagle3", seq_len=16, gen_batch=2, draft_vocab=16, train=train,
+                    data_files=(str(_write(tmp_path / "a.jsonl", rows)),))  # fmt: skip
+    run = dict(model_name="tiny", progress=False)
+    train_head(target, tok, recipe, tmp_path / "out", data_dir=tmp_path / "data_a", until=1, **run)
+    checkpoints = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    other_data = dataclasses.replace(recipe, data_files=(str(_write(tmp_path / "b.jsonl", rows[:4])),))
+    with pytest.raises(
+        ValueError, match=r"checkpoints of another run \(differs in data_sha256, examples, recipe.data_"
+    ):
+        train_head(target, tok, other_data, tmp_path / "out", data_dir=tmp_path / "data_b", **run)
+    accumulated = dataclasses.replace(recipe, train=dataclasses.replace(train, accumulate=2))
+    with pytest.raises(ValueError, match=r"differs in recipe.train\)"):
+        train_head(target, tok, accumulated, tmp_path / "out", data_dir=tmp_path / "data_a", **run)
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == checkpoints
+    _, report = train_head(target, tok, recipe, tmp_path / "out", data_dir=tmp_path / "data_a", **run)
+    assert report["resumed_from"] == 1 and report["steps"] == 2
+    with pytest.raises(
+        ValueError, match=r"holds token id 60, past this target's vocabulary of 48: .*another tokenizer"
+    ):
+        _check_tokens({"tokens": np.array([[5, 60]])}, 48, tmp_path / "data_a", [])

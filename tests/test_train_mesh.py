@@ -56,6 +56,19 @@ def test_bfloat16_compute_keeps_float32_weights_and_trains_like_float32(runs):
     assert last < first and abs(last - bf16["first_last_f32"][1]) < 1e-2 * last
 
 
+def test_a_batch_that_does_not_split_over_the_data_axis_or_no_micro_batch_is_refused(runs):
+    from jspec.training import TrainConfig
+
+    assert (
+        "batch of 4 rows (a micro-batch, with accumulation) does not split over the mesh's data axis of 8"
+        in (runs["refused"])
+    )
+    with pytest.raises(ValueError, match="accumulate must be >= 1; got 0"):
+        TrainConfig(accumulate=0)
+    with pytest.raises(ValueError, match="compute_dtype must be one of float32, bfloat16; got 'float16'"):
+        TrainConfig(compute_dtype="float16")
+
+
 def test_every_logged_step_says_its_throughput(runs):
     assert {"seconds", "tokens_per_s", "peak_fraction"} <= set(runs["log_row"])
 
@@ -81,6 +94,7 @@ def test_a_steps_flops_are_counted_from_its_program_and_peaks_are_known_for_acce
     assert peak_flops(types.SimpleNamespace(device_kind="TPU v5 lite")) == 197e12
 
 
+@pytest.mark.slow  # ~100 s; the step over a mesh is the 8-device tests above, jax.distributed is test_sharding's
 def test_two_processes_over_one_mesh_train_one_devices_head():
     """jax.distributed: two processes of 4 devices, one 2x4 mesh over both."""
     with socket.socket() as s:

@@ -78,4 +78,8 @@ else:
                 "first_last_f32": [float(one[0][0]), float(one[0][-1])],
             }
             out["log_row"] = sorted(one[2][-1])
+            try:  # refused before anything is placed or compiled
+                _trainer(target, _head(target), batch_size=4).shard(make_mesh(8, 1))
+            except ValueError as e:
+                out["refused"] = str(e)
 print(json.dumps(out))

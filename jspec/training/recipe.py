@@ -4,6 +4,7 @@ training with checkpoints, the saved head."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import shutil
@@ -242,6 +243,9 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         trainer = Trainer.for_target(head, target, recipe.train, out_dir / "checkpoints")
         if recipe.features == "online":
             trainer.features_online(target, head.config.feature_layers)
+    _check_tokens(data, target.config.vocab_size, data_dir, extra_data)
+    if first:
+        _same_run(out_dir / "checkpoints", recipe, data, model_name)
     if mesh is not None:
         trainer.shard(mesh)
     resumed_from = trainer.step if trainer.restore() else None
@@ -279,6 +283,44 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         save = save_medusa if recipe.kind == "medusa" else save_head
         save(head, out_dir, recipe=recipe_dict | {"report": report})
     return head, report
+
+
+def _check_tokens(data: dict, vocab_size: int, data_dir, extra_data) -> None:
+    """Refuses data holding token ids the target does not have (made for another tokenizer)."""
+    top = int(data["tokens"].max(initial=0))
+    if top >= vocab_size:
+        folders = ", ".join(map(str, [data_dir, *extra_data]))
+        raise ValueError(f"the training data ({folders}) holds token id {top}, past this target's vocabulary of "
+                         f"{vocab_size}: it was made for another tokenizer. Make the data for this model.")  # fmt: skip
+
+
+def _same_run(folder: pathlib.Path, recipe: Recipe, data: dict, model_name: str) -> None:
+    """Records what a run trains (the recipe but its checkpoint interval, the model, a hash of the token ids
+    and masks) beside its checkpoints, and refuses to resume checkpoints a different run wrote: resuming
+    them on other data or options would mix two runs into one head. Nothing is overwritten."""
+    digest = hashlib.sha256()
+    for key in ("tokens", "mask"):
+        digest.update(np.ascontiguousarray(data[key]).tobytes())
+    train = {k: v for k, v in dataclasses.asdict(recipe.train).items() if k != "checkpoint_every"}
+    record = {"model": model_name, "data_sha256": digest.hexdigest(), "examples": len(data["tokens"]),
+              "recipe": json.loads(json.dumps(dataclasses.asdict(recipe) | {"train": train}))}  # fmt: skip
+    for key in ("gen_batch",):  # how the data was batched while made, not what it is
+        record["recipe"].pop(key)
+    path = folder / "run.json"
+    if path.exists():
+        had = json.loads(path.read_text())
+        if had != record:
+            diff = [k for k in ("model", "data_sha256", "examples") if had.get(k) != record[k]]
+            diff += [f"recipe.{k}" for k in record["recipe"] if had.get("recipe", {}).get(k) != record["recipe"][k]]
+            raise ValueError(
+                f"{folder} holds checkpoints of another run (differs in {', '.join(diff)}); resuming them would "
+                "mix two runs. Train into another --out, or delete that folder to start this run there."
+            )
+    else:
+        if any(folder.glob("[0-9]*")):  # written before runs were recorded: resumed as before, recorded now
+            print(f"{folder} holds checkpoints without a record of their run; resuming them as this run's",
+                  file=sys.stderr)  # fmt: skip
+        write_text(path, json.dumps(record, indent=1))
 
 
 def _eagle_head(target, recipe: Recipe, data: dict, extra_data, model_name: str):
