@@ -131,10 +131,11 @@ def _check_recipe(folder: pathlib.Path, recipe, model_name: str) -> dict:
         for k, v in want.items()
         if k not in ignore and k != "train" and _norm(saved.get(k, defaults.get(k))) != _norm(v)
     ]
+    saved_train = {f.name: f.default for f in dataclasses.fields(recipe.train)} | (saved.get("train") or {})
     diff += [
-        f"train.{k}: saved {(saved.get('train') or {}).get(k)!r}, wanted {v!r}"
+        f"train.{k}: saved {saved_train.get(k)!r}, wanted {v!r}"
         for k, v in want["train"].items()
-        if k != "checkpoint_every" and (saved.get("train") or {}).get(k) != v
+        if k != "checkpoint_every" and saved_train.get(k) != v
     ]
     if diff:
         raise ValueError(f"the head in {folder} was trained with another recipe ({'; '.join(diff)}); "
