@@ -8,8 +8,9 @@ token ids with the same steps, batches and seed, then scored the same way.
         [--out experiments/out/ablate_heads]
 
 The data (``--data``): a folder made by ``jspec train`` or made here once (the target's greedy responses to
-standard-library prompts, with its features at the default layers); its last ``--heldout`` examples are
-never trained on. A cell whose feature layers are not the stored ones computes them in its steps from the
+standard-library prompts, with its features at the default layers), or made from the token ids an earlier run
+saved (``--ids OUT/ids.npz``: the features computed again, nothing generated); its last ``--heldout``
+examples are never trained on. A cell whose feature layers are not the stored ones computes them in its steps from the
 same ids (``Trainer.features_online``; float32 there, float16 stored). Options that do not apply to a kind
 collapse: EAGLE-1 runs one TTT step and reads the top layer; Medusa has ``--num-draft`` heads over the whole
 vocabulary and starts at zero.
@@ -29,7 +30,6 @@ arguments is refused. Writes a table, ``ablate_heads.json`` and ``ablate_heads.p
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import pathlib
@@ -173,24 +173,41 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids, profile) -
 
 
 def _data(args, target, tokenizer):
-    """The shared data: the folder's if finished, else made there (stdlib prompts, the target's responses)."""
+    """The shared data: the folder's if finished; else made there from ``--ids`` (the target's features over
+    those token ids), or from scratch (standard-library prompts, the target's responses). Saves the ids it
+    holds as ``OUT/ids.npz`` (tokens and masks, a few bytes a token): what remakes it without generating."""
+    import numpy as np
+
     from jspec.training import Recipe
+    from jspec.training.data import load_shards, sequence_examples, write_shards
     from jspec.training.recipe import prepare_data
 
-    recipe = Recipe.tiny() if args.tiny else Recipe(num_prompts=args.prompts, seq_len=args.seq_len,
-                                                    max_new_tokens=args.max_new_tokens)  # fmt: skip
-    meta = args.data / "meta.json"
-    if meta.exists():  # the data's own recipe, so that it is read rather than refused
-        m = json.loads(meta.read_text())
-        recipe = dataclasses.replace(recipe, num_prompts=m["num_prompts"], seq_len=m["seq_len"],
-                                     max_new_tokens=m["max_new_tokens"], gen_temperature=m["gen_temperature"],
-                                     feature_layers=tuple(m["feature_layers"]))  # fmt: skip
-    data = prepare_data(target, tokenizer, recipe, args.data, args.model)
-    layers = json.loads(meta.read_text())["feature_layers"]
+    if not (args.data / "meta.json").exists():
+        if args.ids is not None:
+            with np.load(args.ids) as f:
+                tokens, mask, meta = f["tokens"], f["mask"], json.loads(str(f["meta"]))
+            if meta["model"] != args.model or int(tokens.max()) >= target.config.vocab_size:
+                raise SystemExit(f"--ids {args.ids} holds token ids of {meta['model']}, not {args.model}: make "
+                                 "the data for this model (drop --ids).")  # fmt: skip
+            # Whole rows, padding included: the same tokens as when the features were first made (causal:
+            # the padding after a row's end changes none of its features).
+            made = sequence_examples(target, list(tokens), list(mask), tuple(meta["feature_layers"]),
+                                     seq_len=tokens.shape[1])  # fmt: skip
+            write_shards(made, args.data, meta | {"from_ids": str(args.ids)})
+        else:
+            recipe = Recipe.tiny() if args.tiny else Recipe(num_prompts=args.prompts, seq_len=args.seq_len,
+                                                            max_new_tokens=args.max_new_tokens)  # fmt: skip
+            prepare_data(target, tokenizer, recipe, args.data, args.model)
+    data, meta = load_shards(args.data)
+    if meta.get("model") != args.model:
+        raise SystemExit(f"{args.data} holds data made for {meta.get('model')}, not {args.model}; pass its data.")
     if len(data["tokens"]) <= args.heldout:
-        raise ValueError(f"{args.data} holds {len(data['tokens'])} examples: fewer than --heldout {args.heldout} "
+        raise SystemExit(f"{args.data} holds {len(data['tokens'])} examples: fewer than --heldout {args.heldout} "
                          "plus one to train on. Make more (--prompts) or hold out fewer.")  # fmt: skip
-    return data, layers
+    keep = {k: meta[k] for k in ("model", "feature_layers", "seq_len") if k in meta}
+    args.out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out / "ids.npz", tokens=data["tokens"], mask=data["mask"], meta=json.dumps(keep))
+    return data, meta["feature_layers"]
 
 
 def _table(report: dict) -> str:
@@ -222,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--data", type=pathlib.Path, required=True, help="the shared data folder (made once)")
+    parser.add_argument("--ids", type=pathlib.Path, default=None,
+                        help="an ids.npz an earlier run saved: the data made from it (no generation)")  # fmt: skip
     parser.add_argument("--prompts", type=int, default=200, help="training prompts, when the data is made here")
     parser.add_argument("--seq-len", type=int, default=160)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -251,8 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"args": settings, "cells": {}}
     if path.exists():
         had = json.loads(path.read_text())
-        if had.get("args") != settings:
-            diff = sorted(k for k in settings if had.get("args", {}).get(k) != settings[k])
+        recorded = {k: parser.get_default(k) for k in settings} | had.get("args", {})  # options added since: defaults
+        if recorded != settings:
+            diff = sorted(k for k in settings if recorded.get(k) != settings[k])
             raise SystemExit(f"{path} holds an ablation run with other arguments ({', '.join(diff)}); pass its "
                              "arguments to resume it, or another --out.")  # fmt: skip
         report = had

@@ -301,3 +301,15 @@ def test_ablate_heads_tiny_runs_each_kind_on_the_same_data_resumes_and_refuses_o
     assert ablate.main(argv)["cells"] == report["cells"]  # kept, not re-run
     with pytest.raises(SystemExit, match=r"other arguments \(steps\)"):
         ablate.main([*argv[:-1], "7"])
+    # The saved ids remake the same data (the target's features again, nothing generated).
+    import numpy as np
+
+    from jspec.training.data import load_shards
+
+    again = [*argv[:1], "--ids", str(tmp_path / "out" / "ids.npz"), "--data", str(tmp_path / "data2"), "--out",
+             str(tmp_path / "out2"), "--grid", "kind=medusa", *argv[7:-1], "2"]  # fmt: skip
+    ablate.main(again)
+    (first, _), (second, meta) = load_shards(tmp_path / "data"), load_shards(tmp_path / "data2")
+    assert meta["from_ids"] == str(tmp_path / "out" / "ids.npz")
+    for key in ("tokens", "mask", "features", "top"):
+        np.testing.assert_array_equal(second[key], first[key])
