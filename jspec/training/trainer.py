@@ -324,8 +324,8 @@ class Trainer:
         until = c.total_steps if until is None else min(until, c.total_steps)
         n, rows = len(data["tokens"]), c.batch_size * c.accumulate
         window = loss_window(data["mask"], c.num_steps)  # one width for the whole run: one compilation
-        devices = jax.devices() if self.mesh is None else self.mesh.devices.flat
-        peaks = [peak_flops(d) for d in devices] if self.mesh is not None else [peak_flops(jax.devices()[0])]
+        devices = [jax.devices()[0]] if self.mesh is None else list(self.mesh.devices.flat)
+        peaks = [peak_flops(d) for d in devices]  # the step's FLOPs are the whole mesh's
         flops = None
         history = []
         while self.step < until:
