@@ -19,8 +19,8 @@ Each cell reports:
 - agreement per draft position, held out and teacher forced: how often the head's top-1 draft at position k
   is the token that follows (EAGLE: ``teacher_forced_agreement``; Medusa: head k's top-1 ``rank_rates``);
 - τ and acceptance by position from a greedy decode, a chain of ``--num-draft``, on ``--eval-prompts``;
-- the predicted speedup τ / (r(N+1) + c): r from the machine's cost profile, c the cell's drafter measured
-  (propose and commit per step, in plain steps).
+- the predicted speedup τ / (r + c): r the verify forward of N + 1 tokens and c the cell's drafter (propose
+  and commit per step), each over a plain step, measured taking turns in one run (``drafter_step_costs``).
 
 Resumable: the grid and settings are recorded in ``OUT/ablate_heads.json`` with every finished cell; a rerun
 with the same arguments keeps those cells (a killed cell resumes from its checkpoints), a rerun with other
@@ -141,7 +141,7 @@ def train_cell(cell, args, target, data, stored_layers, folder: pathlib.Path):
     return trainer.head(), report
 
 
-def score_cell(cell, head, args, target, tokenizer, data, prompt_ids, profile) -> dict:
+def score_cell(cell, head, args, target, tokenizer, data, prompt_ids) -> dict:
     """Held-out agreement per position, τ from a short greedy decode, and the predicted speedup."""
     import numpy as np
 
@@ -151,7 +151,7 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids, profile) -
     from jspec.sampling import SamplingParams
     from jspec.training.loss import teacher_forced_agreement
     from jspec.training.medusa import rank_rates
-    from jspec.tune.costs import drafter_cost
+    from jspec.tune.costs import drafter_step_costs
 
     n = args.num_draft
     held = {k: v[-args.heldout :] for k, v in data.items() if k != "counts"}
@@ -164,9 +164,8 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids, profile) -
         drafter = EagleDrafter.from_head(head, target, num_draft=n)
     decoder = SpeculativeDecoder(target, drafter, eos_ids=tokenizer.eos_token_ids)
     entry = run_prompts(decoder, prompt_ids, args.eval_tokens, SamplingParams.greedy())
-    cost = drafter_cost(target, drafter, repeats=5)
-    c = (cost["propose_ms"] + cost["commit_ms"]) / profile.step_ms
-    r = profile.relative_forward(n + 1)
+    ms = drafter_step_costs(target, drafter, repeats=7)  # r and c measured taking turns: ratios of one run
+    r, c = ms["verify_ms"] / ms["step_ms"], (ms["propose_ms"] + ms["commit_ms"]) / ms["step_ms"]
     return {"agreement": np.round(agreement, 4).tolist(), "tau": entry["tau"],
             "acceptance_by_position": entry["acceptance_by_position"], "drafter_cost": c, "r": r,
             "predicted_speedup": entry["tau"] / (r + c)}  # fmt: skip
@@ -256,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--eval-tokens", type=int, default=48)
     parser.add_argument("--tiny", action="store_true", help="the tiny recipe's data, for tests")
+    parser.add_argument("--rescore", action="store_true",
+                        help="score finished cells again from their checkpoints (training reports kept)")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out/ablate_heads"))
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "num_draft", "heldout", "limit", "eval_tokens", "prompts"):
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
         grid = parse_grid(args.grid)
     except ValueError as e:
         parser.error(str(e))
-    settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items() if k != "out"}
+    settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
+                if k not in ("out", "rescore")}  # fmt: skip
     path = args.out / "ablate_heads.json"
     report = {"args": settings, "cells": {}}
     if path.exists():
@@ -276,19 +278,17 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"{path} holds an ablation run with other arguments ({', '.join(diff)}); pass its "
                              "arguments to resume it, or another --out.")  # fmt: skip
         report = had
-    todo = [c for c in cells(grid) if cell_name(c) not in report["cells"]]
+    todo = [c for c in cells(grid) if cell_name(c) not in report["cells"] or args.rescore]
     print(f"{len(cells(grid)) - len(todo)} cell(s) kept from {path}; {len(todo)} to run", file=sys.stderr)
 
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
-    from jspec.tune.costs import ensure_profile
 
     target, tokenizer = load_model(args.model)
     data, stored_layers = _data(args, target, tokenizer)
     prompts = load_prompts(args.eval_prompts, None, args.limit)
     prompt_ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}]))
                   for p in prompts]  # fmt: skip
-    profile, _, _ = ensure_profile(target, args.model, {}, max_k=args.num_draft + 1)
     trained_tokens = int(data["mask"][: -args.heldout].sum())
     report["data"] = {"folder": str(args.data), "examples": len(data["tokens"]), "heldout": args.heldout,
                       "response_tokens": trained_tokens, "feature_layers": stored_layers}  # fmt: skip
@@ -297,9 +297,11 @@ def main(argv: list[str] | None = None) -> dict:
         name = cell_name(cell)
         print(f"cell {name}: training", file=sys.stderr)
         head, train = train_cell(cell, args, target, data, stored_layers, args.out / "cells" / _slug(cell))
+        if name in report["cells"]:  # --rescore: trained before (its checkpoints restored, no step taken)
+            train = report["cells"][name]["train"]
         print(f"cell {name}: scoring", file=sys.stderr)
         report["cells"][name] = {"cell": cell, "train": train} | score_cell(
-            cell, head, args, target, tokenizer, data, prompt_ids, profile
+            cell, head, args, target, tokenizer, data, prompt_ids
         )
         path.write_text(json.dumps(report, indent=1))
     print(_table(report))

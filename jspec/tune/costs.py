@@ -154,6 +154,19 @@ def drafter_cost(target, drafter, context: int = 256, repeats: int = 10, batch: 
     return {"propose_ms": ms["propose"], "commit_ms": ms["commit"]}
 
 
+def drafter_step_costs(target, drafter, context: int = 256, repeats: int = 10, batch: int = 1) -> dict[str, float]:
+    """Median milliseconds of a plain one-token step (``step_ms``), of ``drafter``'s verify forward
+    (``verify_ms``: N + 1 tokens, or a tree's nodes) and of its ``propose`` and ``commit``, all measured
+    taking turns in one run, so that their ratios (r and c) hold on a busy machine."""
+    width = _verify_width(drafter)
+    fns = _forward_fns(target, width, context, batch, sorted({1, width})) | _drafter_fns(
+        target, drafter, context, batch
+    )
+    ms = _interleaved_medians(fns, repeats)
+    return {"step_ms": ms["forward:1"], "verify_ms": ms[f"forward:{width}"], "propose_ms": ms["propose"],
+            "commit_ms": ms["commit"]}  # fmt: skip
+
+
 @dataclasses.dataclass
 class CostProfile:
     """What a step costs on one machine, for one model, dtype and batch bucket.
