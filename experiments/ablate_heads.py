@@ -18,7 +18,8 @@ vocabulary and starts at zero.
 Each cell reports:
 - agreement per draft position, held out and teacher forced: how often the head's top-1 draft at position k
   is the token that follows (EAGLE: ``teacher_forced_agreement``; Medusa: head k's top-1 ``rank_rates``);
-- τ and acceptance by position from a greedy decode, a chain of ``--num-draft``, on ``--eval-prompts``;
+- τ and acceptance by position from a greedy decode, a chain of ``--num-draft``, on ``--eval-prompts``
+  (another domain than the training data's), and τ on the first ``--limit`` held-out examples' own prompts;
 - the predicted speedup τ / (r + c): r the verify forward of N + 1 tokens and c the cell's drafter (propose
   and commit per step), each over a plain step, measured taking turns in one run (``drafter_step_costs``).
 
@@ -164,11 +165,15 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids) -> dict:
         drafter = EagleDrafter.from_head(head, target, num_draft=n)
     decoder = SpeculativeDecoder(target, drafter, eos_ids=tokenizer.eos_token_ids)
     entry = run_prompts(decoder, prompt_ids, args.eval_tokens, SamplingParams.greedy())
+    seqs, starts = _heldout_sequences(held)  # the held-out examples' own prompts: the training data's domain
+    inside = run_prompts(decoder, [q[:n] for q, n in zip(seqs, starts, strict=True)][: args.limit], args.eval_tokens,
+                         SamplingParams.greedy())  # fmt: skip
     ms = drafter_step_costs(target, drafter, repeats=7)  # r and c measured taking turns: ratios of one run
     r, c = ms["verify_ms"] / ms["step_ms"], (ms["propose_ms"] + ms["commit_ms"]) / ms["step_ms"]
     return {"agreement": np.round(agreement, 4).tolist(), "tau": entry["tau"],
             "acceptance_by_position": entry["acceptance_by_position"], "drafter_cost": c, "r": r,
-            "predicted_speedup": entry["tau"] / (r + c)}  # fmt: skip
+            "predicted_speedup": entry["tau"] / (r + c), "tau_heldout": inside["tau"],
+            "predicted_speedup_heldout": inside["tau"] / (r + c)}  # fmt: skip
 
 
 def _data(args, target, tokenizer):
@@ -210,12 +215,16 @@ def _data(args, target, tokenizer):
 
 
 def _table(report: dict) -> str:
-    lines = ["| cell | agreement by position (held out) | τ | predicted speedup | final loss | train s |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    evaluated = report["args"]["eval_prompts"]
+    lines = [f"| cell | agreement by position (held out) | τ, {evaluated} (predicted speedup) "
+             "| τ, held-out data prompts (predicted speedup) | r + c | final loss | train s |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in report["cells"].items():
         agree = " ".join(f"{a:.2f}" for a in r["agreement"])
-        lines.append(f"| {name} | {agree} | {r['tau']:.2f} | {r['predicted_speedup']:.2f}x | "
-                     f"{r['train']['final_loss']:.3f} | {r['train']['train_seconds']:.0f} |")  # fmt: skip
+        lines.append(f"| {name} | {agree} | {r['tau']:.2f} ({r['predicted_speedup']:.2f}x) | "
+                     f"{r['tau_heldout']:.2f} ({r['predicted_speedup_heldout']:.2f}x) | "
+                     f"{r['r'] + r['drafter_cost']:.2f} | {r['train']['final_loss']:.3f} | "
+                     f"{r['train']['train_seconds']:.0f} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -297,6 +297,7 @@ def test_ablate_heads_tiny_runs_each_kind_on_the_same_data_resumes_and_refuses_o
     assert [c["cell"]["kind"] for c in report["cells"].values()] == ["eagle3", "eagle1", "medusa"]
     for cell in report["cells"].values():
         assert len(cell["agreement"]) == 2 and cell["tau"] >= 1.0 and cell["predicted_speedup"] > 0
+        assert cell["tau_heldout"] >= 1.0 and cell["r"] > 1.0 and cell["drafter_cost"] > 0
     assert (tmp_path / "out" / "ablate_heads.png").stat().st_size > 5_000
     assert ablate.main(argv)["cells"] == report["cells"]  # kept, not re-run
     with pytest.raises(SystemExit, match=r"other arguments \(steps\)"):
