@@ -236,6 +236,7 @@ def _plot(report: dict, path: pathlib.Path) -> None:
     for name, r in report["cells"].items():
         ax.plot(range(1, len(r["agreement"]) + 1), r["agreement"], marker="o",
                 label=f"{name} (τ {r['tau']:.2f})")  # fmt: skip
+    ax.set_xticks(range(1, report["args"]["num_draft"] + 1))
     ax.set_xlabel("draft position")
     ax.set_ylabel("held-out top-1 agreement (teacher forced)")
     ax.set_title(f"{report['args']['model']}: {report['args']['steps']} steps, batch {report['args']['batch_size']}")
