@@ -244,8 +244,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         if recipe.features == "online":
             trainer.features_online(target, head.config.feature_layers)
     _check_tokens(data, target.config.vocab_size, data_dir, extra_data)
-    if first:
-        _same_run(out_dir / "checkpoints", recipe, data, model_name)
+    _same_run(out_dir / "checkpoints", recipe, data, model_name)  # every process: each refuses (no one waits)
     if mesh is not None:
         trainer.shard(mesh)
     resumed_from = trainer.step if trainer.restore() else None
