@@ -8,7 +8,8 @@ greedy continuations of held-apart prompts: token ids and a loss mask), once rea
 features and once computing them inside each step; the runs take turns ``--rounds`` times, a
 block of ``--steps`` steps each (the first block of each compiles and is not timed). Reports
 bytes per training token of each data set, the median step time of each, and the losses at the
-end (the same head either way: equal within float rounding).
+end (the same head either way, up to the float16 rounding of the stored features: online ones stay
+in the target's dtype).
 """
 
 from __future__ import annotations
