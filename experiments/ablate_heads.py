@@ -166,7 +166,7 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids) -> dict:
     decoder = SpeculativeDecoder(target, drafter, eos_ids=tokenizer.eos_token_ids)
     entry = run_prompts(decoder, prompt_ids, args.eval_tokens, SamplingParams.greedy())
     seqs, starts = _heldout_sequences(held)  # the held-out examples' own prompts: the training data's domain
-    inside = run_prompts(decoder, [q[:n] for q, n in zip(seqs, starts, strict=True)][: args.limit], args.eval_tokens,
+    inside = run_prompts(decoder, [q[:s] for q, s in zip(seqs, starts, strict=True)][: args.limit], args.eval_tokens,
                          SamplingParams.greedy())  # fmt: skip
     ms = drafter_step_costs(target, drafter, repeats=7)  # r and c measured taking turns: ratios of one run
     r, c = ms["verify_ms"] / ms["step_ms"], (ms["propose_ms"] + ms["commit_ms"]) / ms["step_ms"]
