@@ -252,9 +252,7 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     c = model.config
     decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)
     sampling = SamplingParams.create(temperature)
-    hidden, state = (
-        (None, None) if feature_layers is None else feature_forward(model, (*feature_layers, c.num_layers - 1))
-    )
+    hidden, state = _stored_features(model, feature_layers)
 
     out = {k: [] for k in _keys(feature_layers)}
     counts = np.zeros(c.vocab_size, np.int64)
@@ -310,6 +308,14 @@ def _generate_batch(decoder, hidden, state, ids, seq_len, max_new_tokens, sampli
     return {"tokens": tokens, "mask": mask, "features": features, "top": np.asarray(hs[-1]), "counts": counts}
 
 
+def _stored_features(model, feature_layers):
+    """:func:`feature_forward` over ``feature_layers`` and the top layer, or (None, None) when the
+    features are made online (``feature_layers`` None)."""
+    if feature_layers is None:
+        return None, None
+    return feature_forward(model, (*feature_layers, model.config.num_layers - 1))
+
+
 def _keys(feature_layers) -> tuple[str, ...]:
     """The arrays an example holds: ids and mask, and the target's features unless they are made online (None)."""
     return ("tokens", "mask") if feature_layers is None else ("tokens", "mask", "features", "top")
@@ -321,9 +327,7 @@ def sequence_examples(model, ids: list[np.ndarray], masks: list[np.ndarray], fea
     each padded to ``seq_len`` with its loss mask, the target's hidden states recorded over it, as
     :func:`generate_examples` returns them (no response is generated)."""
     c = model.config
-    hidden, state = (
-        (None, None) if feature_layers is None else feature_forward(model, (*feature_layers, c.num_layers - 1))
-    )
+    hidden, state = _stored_features(model, feature_layers)
     out = {k: [] for k in _keys(feature_layers)}
     counts = np.zeros(c.vocab_size, np.int64)
     for start in range(0, len(ids), batch_size):
