@@ -30,6 +30,7 @@ from jspec.medusa import MedusaConfig, MedusaHeads, load_medusa
 from jspec.models.config import RopeScaling
 from jspec.models.hub import hub_snapshot, parse_hub_id
 from jspec.models.safetensors_folder import SafetensorsFolder
+from jspec.models.torch_state import read_torch_state
 
 __all__ = [
     "FORMATS",
@@ -71,36 +72,10 @@ def resolve_head(source) -> pathlib.Path:
 # ---------------------------------------------------------------------- reading
 
 
-def _read_torch(path: pathlib.Path) -> dict:
-    """A PyTorch state dict through ``torch.load(weights_only=True)`` (no code runs), as numpy arrays."""
-    try:
-        import torch  # optional: only .bin/.pt files need it
-    except ImportError:
-        raise ValueError(
-            f"{path.name} is a PyTorch checkpoint and PyTorch is not installed: `pip install jspec[reference]` "
-            "(or torch), or convert it to safetensors."
-        ) from None
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises assorted errors on damaged files
-        raise ValueError(f"{path} is corrupt, truncated or not a plain state dict ({err}); refusing it.") from err
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict; refusing it.")
-    out = {}
-    for k, v in state.items():
-        if v.dtype == torch.bool:
-            out[k] = v.numpy()
-        elif v.is_floating_point():
-            out[k] = v.float().numpy()
-        else:
-            out[k] = v.long().numpy()
-    return out
-
-
 def _read_weights(folder: pathlib.Path) -> dict:
     for name in _TORCH_FILES:
         if (folder / name).exists():
-            return _read_torch(folder / name)
+            return read_torch_state(folder / name)
     tensors = SafetensorsFolder(folder)  # checks every file against its header (a truncated file is refused)
     return {k: np.asarray(tensors[k]) for k in tensors.where}
 
@@ -138,7 +113,7 @@ def detect_format(folder, tensors: dict | None = None) -> str:
     if tensors is not None:
         names = set(tensors)
     elif (folder / "pytorch_model.bin").exists():
-        names = set(_read_torch(folder / "pytorch_model.bin"))
+        names = set(read_torch_state(folder / "pytorch_model.bin"))
     else:
         names = set(SafetensorsFolder(folder).where)  # the headers only
     if any(n.startswith("midlayer.") for n in names):
@@ -304,7 +279,7 @@ def _eagle3(folder, fmt: str, cfg: dict, tensors: dict, target) -> DraftHead:
         **facts,
     )
     check_against_target(config, target, folder)
-    head = DraftHead(config, rngs=nnx.Rngs(0))
+    head = DraftHead(config, rngs=None)
     H, n, K = config.hidden_size, len(config.feature_layers), config.draft_vocab_size
     prefix = "layers.0." if fmt == "eagle3-speculators" else "midlayer."
     head.fc[...] = w.take("fc.weight", (H, n * target_hidden))
@@ -341,7 +316,7 @@ def _eagle1(folder, cfg: dict, tensors: dict, target) -> DraftHead:
         **facts,
     )
     check_against_target(config, target, folder)
-    head = DraftHead(config, rngs=nnx.Rngs(0))
+    head = DraftHead(config, rngs=None)
     H = config.hidden_size
     head.fc[...] = w.take("fc.weight", (H, 2 * H))
     if config.fc_bias:

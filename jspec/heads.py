@@ -133,7 +133,9 @@ class HeadConfig:
 class DraftHead(nnx.Module):
     """One decoder layer drafting from target features; see the module docstring."""
 
-    def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs | None, dtype=jnp.float32):
+        """``rngs=None`` leaves the matrices at zero, for a head whose weights are read next (drawing
+        random ones would compile and run an initializer per shape: ~3 s of a load on CPU-2)."""
         c = config
         self.config = c
         H, F, D, K = c.hidden_size, c.intermediate_size, c.head_dim, c.draft_vocab_size
@@ -141,6 +143,8 @@ class DraftHead(nnx.Module):
         init = nnx.initializers.normal(0.02)
 
         def param(*shape):
+            if rngs is None:
+                return nnx.Param(jax.device_put(np.zeros(shape, dtype)))
             return nnx.Param(init(rngs.params(), shape, dtype))
 
         Ht, n = c.target_hidden_size, len(c.feature_layers)
@@ -361,7 +365,7 @@ def load_head(folder, target) -> DraftHead:
     if not (folder / HEAD_META).exists() or not (folder / HEAD_WEIGHTS).exists():
         raise ValueError(f"{folder} does not hold a saved head ({HEAD_META} and {HEAD_WEIGHTS}).")
     config = HeadConfig.from_json(json.dumps(json.loads((folder / HEAD_META).read_text())["config"]))
-    head = DraftHead(config, rngs=nnx.Rngs(0))
+    head = DraftHead(config, rngs=None)
     tensors = read_tensors(folder / HEAD_WEIGHTS)
     flat = dict(nnx.to_flat_state(nnx.state(head, nnx.Param)))
     for path, var in flat.items():
