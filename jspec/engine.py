@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
 from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_request, drive, run_steps
-from jspec.control import cond
+from jspec.control import cond, when
 from jspec.decode import prefill
 from jspec.drafters.base import (
     ChainProposal,
@@ -249,7 +249,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
 
-    def plain_step(s: LoopState, proposal, dstate, step_key, proposed: bool = True):
+    def plain_step(s: LoopState, dstate, step_key, proposed=True):
+        """One token from the target; ``proposed`` (bool or bool[]): the drafter proposed (no drafts) or not."""
         ctx = s.ctx
         out = target(ctx.last[:, None], ctx.cache_length[:, None], s.cache, hidden_layers=hidden_layers)
         nxt = sample_logits(step_key, out.logits[:, 0], params)
@@ -262,27 +263,30 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         return dataclasses.replace(
             s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
             plain_steps=s.plain_steps + 1,
-            since_speculated=jnp.int32(0) if proposed else s.since_speculated + 1,
-            fallback_steps=s.fallback_steps + (0 if proposed else 1),
+            since_speculated=jnp.where(proposed, 0, s.since_speculated + 1),
+            fallback_steps=s.fallback_steps + jnp.where(proposed, 0, 1),
         )  # fmt: skip
-
-    def speculate(s: LoopState, k_draft, k_step):
-        proposal, dstate = drafter.propose(s.drafter, s.ctx, k_draft, params)
-        if proposal.lookahead is not None:  # its window needs the target's logits every step
-            return verify_step(s, proposal, dstate, k_step)
-        any_draft = jnp.any(proposal.has_draft & ~s.done)
-        s = dataclasses.replace(s, drafter=dstate)  # carried, so that its caches too stay in place
-        return cond(any_draft, lambda s: verify_step(s, proposal, s.drafter, k_step),
-                    lambda s: plain_step(s, proposal, s.drafter, k_step), s)  # fmt: skip
 
     def body(s: LoopState):
         step = s.verify_steps + s.plain_steps + 1
         k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
+        propose = lambda dstate: drafter.propose(dstate, s.ctx, k_draft, params)  # noqa: E731
         if loop.adaptive is None:
-            return speculate(s, k_draft, k_step)
-        go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
-        fall_back = lambda s: plain_step(s, None, s.drafter, k_step, proposed=False)  # noqa: E731
-        return cond(go, lambda s: speculate(s, k_draft, k_step), fall_back, s)
+            go = True
+            proposal, dstate = propose(s.drafter)
+        else:  # a proposal only where speculating pays (or a probe is due); else zeros, never read
+            go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
+            shapes = jax.eval_shape(propose, s.drafter)
+            empty = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0])
+            proposal, dstate = when(go, lambda c: propose(c[1]), (empty, s.drafter))
+        # A lookahead window needs the target's logits every step it proposes.
+        verify = go if proposal.lookahead is not None else jnp.logical_and(go, jnp.any(proposal.has_draft & ~s.done))
+        if verify is True:
+            return verify_step(s, proposal, dstate, k_step)
+        # One plain step for both no drafts and a fallback: the one-token forward compiles once.
+        s = dataclasses.replace(s, drafter=dstate)  # carried, so that its caches too stay in place
+        return cond(verify, lambda s: verify_step(s, proposal, s.drafter, k_step),
+                    lambda s: plain_step(s, s.drafter, k_step, proposed=go), s)  # fmt: skip
 
     return run_steps(lambda s: ~jnp.all(s.done), body, state, steps, view)
 

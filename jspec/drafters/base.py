@@ -43,11 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jspec.control import cond
 from jspec.sampling import SamplingParams
 
 __all__ = [
     "DEFAULT_NUM_DRAFT", "ChainProposal", "Context", "Drafter", "Feedback", "Lookahead", "TreeProposal",
-    "check_drafter", "check_step_width", "draft_depth",
+    "check_drafter", "check_step_width", "draft_depth", "if_proposed",
 ]  # fmt: skip
 
 DEFAULT_NUM_DRAFT = 4  # N for a chain when none is given
@@ -171,15 +172,24 @@ class Feedback:
         for a plain step).
       lookahead_logits: float32[B, E, V], the target's logits at the lookahead tokens,
         or None when the proposal had none.
-      proposed: static; False when the engine took a plain step without asking the drafter
-        for a proposal (an adaptive loop's fallback): a drafter with its own cache must take
-        in the token the target consumed, which no proposal fed it.
+      proposed: False when the engine took a plain step without asking the drafter for a
+        proposal (an adaptive loop's fallback): a drafter with its own cache must take in the
+        token the target consumed, which no proposal fed it. A Python bool, or a bool[] array
+        where one step serves both cases (the adaptive loop); :func:`if_proposed` reads either.
     """
 
     num_accepted: jax.Array
     hidden: tuple
     lookahead_logits: jax.Array | None = None
-    proposed: bool = struct.field(pytree_node=False, default=True)
+    proposed: bool | jax.Array = True
+
+
+def if_proposed(feedback: Feedback, proposed_fn, fallback_fn, state):
+    """``proposed_fn(state)`` after a step the drafter proposed for, else ``fallback_fn(state)``: chosen
+    in Python when ``feedback.proposed`` is a bool, else both traced and the one that holds run."""
+    if isinstance(feedback.proposed, bool):
+        return proposed_fn(state) if feedback.proposed else fallback_fn(state)
+    return cond(feedback.proposed, proposed_fn, fallback_fn, state)
 
 
 @runtime_checkable

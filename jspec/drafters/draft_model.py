@@ -8,7 +8,7 @@ from flax import nnx, struct
 
 from jspec.control import cond, when
 from jspec.decode import prefill
-from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
+from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth, if_proposed
 from jspec.drafters.unroll import draft_chain, draft_tree
 from jspec.sampling import SamplingParams
 from jspec.tree import StaticTree
@@ -183,9 +183,10 @@ class DraftModel:
         drafts were accepted: the last draft was never fed, and becomes the
         next step's catch-up token.
         """
-        if not feedback.proposed:
-            return self._catch_up_plain_step(state, ctx)
-        num_accepted = feedback.num_accepted
+        return if_proposed(feedback, lambda s: self._commit(s, ctx, feedback.num_accepted),
+                           lambda s: self._catch_up_plain_step(s, ctx), state)  # fmt: skip
+
+    def _commit(self, state: _DraftModelState, ctx: Context, num_accepted) -> _DraftModelState:
         if self.tree is not None:
             return self._commit_tree(state, ctx, num_accepted)
         all_in = num_accepted >= self.num_draft

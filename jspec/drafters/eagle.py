@@ -19,7 +19,7 @@ from flax import nnx, struct
 
 from jspec.cache import KVCache
 from jspec.control import when
-from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
+from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth, if_proposed
 from jspec.drafters.unroll import draft_chain, draft_tree
 from jspec.head_formats import load_eagle
 from jspec.heads import DraftHead
@@ -182,11 +182,11 @@ class EagleDrafter:
         (N + 1 tokens, or 1 for a plain step); ``num_accepted + 1`` of them are now committed.
         """
         head = nnx.merge(self.graphdef, self.weights)
-        if not feedback.proposed:  # a fallback step: keep its feature; the head catches up at the next proposal
-            return self._defer(head, state, ctx, feedback.hidden)
         n_new = feedback.num_accepted + 1
         start = jnp.maximum(ctx.cache_length - n_new, 0)  # the old pending token's position
-        return self._pairs(head, state.cache, ctx, start, feedback.hidden, n_new)
+        # A fallback step keeps its feature; the head catches up at the next proposal.
+        return if_proposed(feedback, lambda s: self._pairs(head, s.cache, ctx, start, feedback.hidden, n_new),
+                           lambda s: self._defer(head, s, ctx, feedback.hidden), state)  # fmt: skip
 
     def _defer(self, head, state: _EagleState, ctx: Context, hidden) -> _EagleState:
         """Keeps the consumed token's features (live rows) in the backlog; a full backlog is run through
