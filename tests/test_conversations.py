@@ -3,6 +3,7 @@ assistant's tokens, bad rows counted and skipped, tokenized once and stored by c
 
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -226,6 +227,59 @@ def test_a_hugging_face_dataset_folder_reads_as_its_rows(tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="is not a dataset saved with save_to_disk"):
         load_conversations(tmp_path / "empty", tokenizer, 256, root=tmp_path / "store")
+
+
+def _hub_dataset_in_cache(datasets, cache, repo_id: str, jsonl, revision: str):
+    """Lays ``jsonl`` into a ``datasets`` cache as ``load_dataset(repo_id)`` leaves a Hub dataset there,
+    built by datasets' own JSON builder: ``<cache>/<owner>___<name>/default/0.0.0/<revision>/`` holding
+    ``dataset_info.json`` and ``<name>-train.arrow`` (the layout datasets' offline fallback reads:
+    huggingface/datasets, src/datasets/packaged_modules/cache/cache.py, ``_find_hash_in_cache``)."""
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.json.json import Json
+
+    owner, name = repo_id.split("/")
+    build = cache / "build" / revision
+    files = DataFilesDict.from_patterns({"train": [str(jsonl)]})
+    builder = Json(cache_dir=str(build), dataset_name=name, data_files=files)
+    builder.download_and_prepare()
+    target = cache / f"{owner}___{name}" / "default" / "0.0.0" / revision
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(builder.cache_dir).rename(target)
+
+
+def test_a_dataset_by_name_reads_from_the_local_datasets_cache_offline(tokenizer, tmp_path, monkeypatch):
+    """--dataset NAME[:SPLIT]: the rows load_dataset finds in the cache with the Hub out of reach, tokenized
+    as the same rows in a JSONL file; stored by content; a name or split not there refused by name."""
+    datasets = pytest.importorskip("datasets")
+    from jspec.training.conversations import DatasetName
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    bad = {"messages": [{"role": "user", "content": "q"}, {"role": "robot", "content": "a"}]}
+    plain = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]}
+    (tmp_path / "src").mkdir()
+    source = _write(tmp_path / "src" / "train.jsonl", [plain, bad, plain])
+    _hub_dataset_in_cache(datasets, tmp_path / "hf", "someone/tiny_chats", source, "rev1")
+    data = load_conversations(DatasetName("someone/tiny_chats"), tokenizer, 256, root=tmp_path / "store")
+    want = load_conversations(_write(tmp_path / "one.jsonl", [plain]), tokenizer, 256, root=tmp_path / "store")
+    assert [i.tolist() for i in data.ids] == [want.ids[0].tolist()] * 2
+    assert data.skipped == {"unknown role 'robot'": [2]} and "(row 2)" in data.summary()
+    assert data.source == "someone/tiny_chats"
+    stored = sorted((tmp_path / "store").glob("*.npz"))
+    again = load_conversations(DatasetName("someone/tiny_chats:train"), tokenizer, 256, root=tmp_path / "store")
+    assert sorted((tmp_path / "store").glob("*.npz")) == stored and again.sha256 == data.sha256  # read back
+    with pytest.raises(ValueError, match=r"--dataset someone/tiny_chats:test: datasets could not load it \(offline"):
+        DatasetName("someone/tiny_chats:test").open()
+    with pytest.raises(ValueError, match=r"--dataset someone/missing: datasets could not load it \(offline"):
+        load_conversations(DatasetName("someone/missing"), tokenizer, 256, root=tmp_path / "store")
+    for spec in ("a/b/c", "", "someone/tiny_chats:"):
+        with pytest.raises(ValueError, match="give a Hub name, NAME or NAME:SPLIT"):
+            DatasetName(spec)
+    # A newer revision in the cache (what load_dataset reads) is other content: tokenized afresh.
+    _write(source, [plain])
+    _hub_dataset_in_cache(datasets, tmp_path / "hf", "someone/tiny_chats", source, "rev2")
+    newer = load_conversations(DatasetName("someone/tiny_chats"), tokenizer, 256, root=tmp_path / "store")
+    assert len(newer.ids) == 1 and newer.sha256 != data.sha256
 
 
 def test_a_data_folder_made_from_the_text_as_written_is_not_taken_for_regenerated_or_online_data(tmp_path, monkeypatch):

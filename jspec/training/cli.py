@@ -25,6 +25,10 @@ def add_train_command(sub, positive_int, add_json) -> None:
     p.add_argument("--data-file", action="append", default=[], metavar="F.jsonl",
                    help="your conversations, ShareGPT ('conversations': from/value) or OpenAI chat ('messages': "
                         "role/content), trained on as written (loss on assistant turns) not prompts")  # fmt: skip
+    p.add_argument("--dataset", action="append", default=[], metavar="NAME[:SPLIT]",
+                   help="a Hugging Face dataset of such conversations by name (split train by default), from the "
+                        "local datasets cache or the Hub (HF_HUB_OFFLINE=1: the cache only); "
+                        "needs jspec[datasets]")  # fmt: skip
     p.add_argument("--features", choices=["stored", "online"], default="stored",
                    help="stored: the target's hidden states kept per training token (~4.6 KB a token for SmolLM2); "
                         "online: computed in each training step from the token ids (5 bytes a token)")  # fmt: skip
@@ -97,11 +101,17 @@ def _cmd_train(args) -> int:
         if not pathlib.Path(path).exists():
             raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows, or a "
                              "folder a Hugging Face dataset was saved to).")  # fmt: skip
-    if args.regenerate and not args.data_file:
-        raise ValueError("--regenerate rewrites the assistant turns of --data-file conversations; pass --data-file.")
-    if args.data_file and args.prompt_source != "stdlib":
-        raise ValueError("--prompt-source chooses prompts to regenerate from; --data-file trains on your "
-                         "conversations as written. Pass one of them.")  # fmt: skip
+    if args.dataset:  # found (or refused by name) before the model loads
+        from jspec.training.conversations import DatasetName
+
+        for name in args.dataset:
+            DatasetName(name).open()
+    if args.regenerate and not (args.data_file or args.dataset):
+        raise ValueError("--regenerate rewrites the assistant turns of --data-file or --dataset conversations; "
+                         "pass one.")  # fmt: skip
+    if (args.data_file or args.dataset) and args.prompt_source != "stdlib":
+        raise ValueError("--prompt-source chooses prompts to regenerate from; --data-file and --dataset train on "
+                         "your conversations as written. Pass one of them.")  # fmt: skip
     for folder in args.extra_data:  # checked before the model loads
         if not (pathlib.Path(folder) / "meta.json").is_file():
             raise ValueError(f"--extra-data {folder} holds no finished data set (no meta.json); "
@@ -126,7 +136,8 @@ def _cmd_train(args) -> int:
     if args.tiny:
         recipe = dataclasses.replace(Recipe.tiny(args.kind), prompt_source=args.prompt_source, init_from=args.init,
                                      warm_start=args.warm_start, data_files=tuple(args.data_file),
-                                     regenerate=args.regenerate, features=args.features)  # fmt: skip
+                                     datasets=tuple(args.dataset), regenerate=args.regenerate,
+                                     features=args.features)  # fmt: skip
         train = dataclasses.replace(recipe.train, accumulate=args.accumulate, compute_dtype=dtype)
         if medusa and args.medusa_heads:
             train = dataclasses.replace(train, num_steps=args.medusa_heads)
@@ -144,7 +155,8 @@ def _cmd_train(args) -> int:
             args.kind, num_prompts=args.prompts, seq_len=args.seq_len, max_new_tokens=args.max_new_tokens,
             gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or 8192, feature_layers=layers, train=train,
             prompt_source=args.prompt_source, init_from=args.init, warm_start=args.warm_start,
-            data_files=tuple(args.data_file), regenerate=args.regenerate, features=args.features,
+            data_files=tuple(args.data_file), datasets=tuple(args.dataset), regenerate=args.regenerate,
+            features=args.features,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
     # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).

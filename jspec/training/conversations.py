@@ -1,4 +1,5 @@
-"""The user's own conversations as training data: ShareGPT and OpenAI chat JSONL files.
+"""The user's own conversations as training data: ShareGPT and OpenAI chat JSONL files, or Hugging
+Face datasets (a ``save_to_disk`` folder, or a dataset by name from the local cache or the Hub).
 
 A row is one conversation, in either of the two formats people have:
 
@@ -32,7 +33,10 @@ import numpy as np
 
 from jspec.files import atomic_write
 
-__all__ = ["Conversations", "load_conversations", "parse_row", "read_rows", "regenerate", "tokenize_conversation"]
+__all__ = [
+    "Conversations", "DatasetName", "load_conversations", "parse_row", "read_rows", "regenerate",
+    "tokenize_conversation",
+]  # fmt: skip
 
 FORMAT = 1  # raise when what is stored for a file changes
 ROLES = {
@@ -114,12 +118,54 @@ def parse_row(row) -> list[dict] | str:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetName:
+    """A dataset by its Hub name: ``NAME`` or ``NAME:SPLIT`` (the ``train`` split by default), read as
+    ``datasets.load_dataset(NAME, split=SPLIT)`` finds it: from the local ``datasets`` cache
+    (``HF_DATASETS_CACHE``), else downloaded, unless ``HF_HUB_OFFLINE=1`` or ``HF_DATASETS_OFFLINE=1``
+    keep it to the cache. A dataset with several configurations is refused (save the one you mean
+    with ``save_to_disk`` and pass its folder to ``--data-file``)."""
+
+    spec: str
+
+    def __post_init__(self):
+        name, _, split = self.spec.partition(":")
+        if not name or name.count("/") > 1 or (":" in self.spec and not split):
+            raise ValueError(f"--dataset {self.spec!r}: give a Hub name, NAME or NAME:SPLIT "
+                             "(e.g. HuggingFaceH4/ultrachat_200k:train_sft).")  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        return self.spec.partition(":")[0]
+
+    @property
+    def split(self) -> str:
+        return self.spec.partition(":")[2] or "train"
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def open(self):
+        """The split as a ``datasets.Dataset`` backed by its cache files."""
+        datasets = _datasets_package(f"--dataset {self}")
+        try:
+            ds = datasets.load_dataset(self.name, split=self.split)
+        except Exception as err:  # datasets raises a dozen kinds here, each the user's to read
+            offline = " (offline: only the local cache was read)" if datasets.config.HF_HUB_OFFLINE else ""
+            raise ValueError(f"--dataset {self}: datasets could not load it{offline}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}") from err  # fmt: skip
+        if not ds.cache_files:
+            raise ValueError(f"--dataset {self} has no cache files to address it by; save it with save_to_disk "
+                             "and pass the folder to --data-file.")  # fmt: skip
+        return ds
+
+
 def read_rows(path) -> tuple[list[tuple[int, list[dict]]], dict[str, list[int]]]:
     """(usable rows as (line number, messages), reason -> line numbers of the others); blank lines
-    skipped. A folder is a Hugging Face ``datasets`` folder (``save_to_disk``), its rows numbered
-    from 1."""
+    skipped. A folder is a Hugging Face ``datasets`` folder (``save_to_disk``), a :class:`DatasetName`
+    a dataset by name; their rows are numbered from 1."""
     rows, skipped = [], collections.defaultdict(list)
-    for number, parsed in _parsed(pathlib.Path(path)):
+    for number, parsed in _parsed(path if isinstance(path, DatasetName) else pathlib.Path(path)):
         if isinstance(parsed, str):
             skipped[parsed].append(number)
         else:
@@ -127,9 +173,9 @@ def read_rows(path) -> tuple[list[tuple[int, list[dict]]], dict[str, list[int]]]
     return rows, dict(skipped)
 
 
-def _parsed(path: pathlib.Path):
-    if path.is_dir():
-        for number, row in enumerate(_dataset(path), 1):
+def _parsed(path):
+    if isinstance(path, DatasetName) or path.is_dir():
+        for number, row in enumerate(path.open() if isinstance(path, DatasetName) else _dataset(path), 1):
             yield number, parse_row(row)
         return
     with open(path, encoding="utf-8", errors="strict") as f:
@@ -141,13 +187,18 @@ def _parsed(path: pathlib.Path):
                     yield number, "invalid JSON"
 
 
+def _datasets_package(what: str):
+    try:
+        import datasets  # optional: the jspec[datasets] extra
+    except ImportError as err:
+        raise ValueError(f"{what}: reading a Hugging Face dataset needs the datasets package "
+                         "(pip install 'jspec[datasets]').") from err  # fmt: skip
+    return datasets
+
+
 def _dataset(folder: pathlib.Path):
     """A ``datasets`` folder's rows (its ``train`` split when it holds several)."""
-    try:
-        import datasets
-    except ImportError as err:
-        raise ValueError(f"--data-file {folder} is a folder: reading a Hugging Face dataset saved with save_to_disk "
-                         "needs the datasets package (pip install 'jspec[datasets]').") from err  # fmt: skip
+    datasets = _datasets_package(f"--data-file {folder} is a folder (a dataset saved with save_to_disk)")
     try:
         ds = datasets.load_from_disk(str(folder))
     except (FileNotFoundError, ValueError) as err:
@@ -160,13 +211,21 @@ def _dataset(folder: pathlib.Path):
     return iter(ds)
 
 
-def _content_hash(path: pathlib.Path) -> str:
-    """SHA-256 of a file, or of a folder's files (names and bytes, in name order)."""
+def _content_hash(path) -> str:
+    """SHA-256 of a file, of a folder's files (names and bytes, in name order), or of a named dataset's
+    split (its name and its cache files' bytes)."""
+    if isinstance(path, DatasetName):
+        files = [pathlib.Path(f["filename"]) for f in path.open().cache_files]
+        return _files_hash({f"{path.split}/{i}": f for i, f in enumerate(files)})
     if not path.is_dir():
         return hashlib.sha256(path.read_bytes()).hexdigest()
+    return _files_hash({f.relative_to(path).as_posix(): f for f in sorted(p for p in path.rglob("*") if p.is_file())})
+
+
+def _files_hash(files: dict[str, pathlib.Path]) -> str:
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode() + b"\0")
+    for name, f in files.items():
+        h.update(name.encode() + b"\0")
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
@@ -257,7 +316,8 @@ def _cache_path(sha: str, tokenizer, seq_len: int, root: pathlib.Path | None, ho
 
 def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None,
                        rewrite_key: str = "") -> Conversations:  # fmt: skip
-    """The file's conversations tokenized for ``tokenizer`` within ``seq_len`` tokens, read back from
+    """The conversations of ``path`` (a JSONL file, a ``save_to_disk`` folder or a :class:`DatasetName`)
+    tokenized for ``tokenizer`` within ``seq_len`` tokens, read back from
     the store when this file (by content), tokenizer, template and ``seq_len`` (and ``rewrite_key``)
     were seen before.
 
@@ -268,13 +328,15 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None
     Raises ValueError naming the file when it is missing, not UTF-8, or has no usable row, and when
     its stored form is damaged (delete that file to tokenize again).
     """
-    path = pathlib.Path(path)
-    if not path.exists():
+    named = isinstance(path, DatasetName)
+    path = path if named else pathlib.Path(path)
+    flag, unit = ("--dataset", "row") if named else ("--data-file", "row" if path.is_dir() else "line")
+    if not named and not path.exists():
         raise ValueError(f"--data-file {path}: no such file.")
     sha = _content_hash(path)
     stored = _cache_path(sha, tokenizer, seq_len, root, rewrite_key if rewrite else "")
     if stored.exists():
-        return _read_stored(stored, str(path), sha, "row" if path.is_dir() else "line")
+        return _read_stored(stored, str(path), sha, unit)
     try:
         rows, skipped = read_rows(path)
     except UnicodeDecodeError as err:
@@ -295,9 +357,9 @@ def load_conversations(path, tokenizer, seq_len: int, *, root=None, rewrite=None
             ids.append(got[0])
             masks.append(got[1])
     skipped = {reason: sorted(lines) for reason, lines in skipped.items()}
-    data = Conversations(ids, masks, skipped, str(path), sha, "row" if path.is_dir() else "line")
+    data = Conversations(ids, masks, skipped, str(path), sha, unit)
     if not ids:
-        raise ValueError(f"--data-file {path} has no usable conversation ({data.summary().split('; ', 1)[-1]}); "
+        raise ValueError(f"{flag} {path} has no usable conversation ({data.summary().split('; ', 1)[-1]}); "
                          "rows are ShareGPT {'conversations': [{'from', 'value'}]} or OpenAI chat "
                          "{'messages': [{'role', 'content'}]} with an assistant turn.")  # fmt: skip
     _write_stored(stored, data)
