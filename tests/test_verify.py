@@ -1,5 +1,7 @@
 """Exactness of the chain verifier: analytic identity, statistics, edge cases, batching, greedy."""
 
+import zlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -130,7 +132,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("n", [1, 3])
 def test_every_position_is_distributed_as_q(case, n):
-    rng = np.random.default_rng(hash((case, n)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{case}/{n}".encode()))  # hash() of a str changes per process
     q = _random_dist(rng, (n + 1, V), CASES[case]["q_zero"], keep=0)
     p = _random_dist(rng, (n, V), CASES[case]["p_zero"], keep=1)
     tokens, num_accepted = _run(jnp.asarray(p), jnp.asarray(q), 30_000, seed=n)
