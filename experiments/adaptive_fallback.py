@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
     from jspec.adaptive import Adaptive, StepCosts
     from jspec.bench import run_interleaved, speedup_interval
     from jspec.decode import Decoder
-    from jspec.drafters import make_drafter
     from jspec.engine import SpeculativeDecoder
+    from jspec.methods import make_drafter
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams

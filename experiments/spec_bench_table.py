@@ -8,7 +8,7 @@ Spec-Bench (Xia et al. 2024) has six categories: multi-turn conversation (MT-ben
 their first turn here), translation, summarization, question answering, mathematical reasoning
 and retrieval-augmented generation. For each category and temperature, every method runs the
 category's first ``--limit`` prompts, taking turns prompt by prompt
-(:func:`jspec.bench.run_interleaved`), at the library's defaults (``jspec.drafters.DEFAULTS``):
+(:func:`jspec.bench.run_interleaved`), at the library's defaults (``jspec.methods.DEFAULTS``):
 plain decoding (ar), prompt lookup (ngram), a draft model (draft, with ``--draft-model``), the
 shipped EAGLE-3 head (eagle3), Medusa or EAGLE-1 heads (medusa, eagle1, with ``--head`` where
 trained ones exist; none ships), Lookahead decoding (lookahead) and ``--method auto`` (the config

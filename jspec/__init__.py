@@ -20,8 +20,9 @@ the repository, installed under jspec's name) holds the target model families an
 from jspec.api import Completions, Speculator, make_decoder
 from jspec.auto import AutoDecoder
 from jspec.decode import Decoder
-from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup, make_drafter
+from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup
 from jspec.engine import SpeculativeDecoder
+from jspec.methods import make_drafter
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams, check_distribution, probs_from_logits, sample
 from jspec.speedup import best_num_draft, expected_alpha, expected_tokens, speedup

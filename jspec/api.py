@@ -10,38 +10,30 @@ from __future__ import annotations
 
 import dataclasses
 
+from jspec.auto import AutoDecoder
 from jspec.decode import Decoder
-from jspec.drafters.factory import check_options, make_drafter
 from jspec.engine import SpeculativeDecoder
+from jspec.methods import AutoSpec, parse
 from jspec.results import GenerationResult
 from jspec.sampling import SamplingParams
 
 __all__ = ["Completions", "Speculator", "make_decoder"]
 
 
-def make_decoder(method: str, target, *, eos_ids: tuple[int, ...] = (), mesh=None, adaptive=None, costs=None,
-                 **options):  # fmt: skip
-    """A :class:`jspec.Decoder` for "ar"; a :class:`jspec.AutoDecoder` for "auto" (``options``: its
-    keyword arguments: ``config``, ``model_name``, ``workload``, ``head``, ``draft_model``); else a
-    :class:`jspec.SpeculativeDecoder` over :func:`jspec.make_drafter`'s drafter (``options`` are its
-    keyword arguments), adaptive when ``adaptive`` and ``costs`` are given."""
-    if method == "auto":
-        if adaptive is not None or costs is not None:
-            raise ValueError("method 'auto' chooses its own adaptive policy; pass no adaptive= or costs=.")
-        allowed = {"config", "model_name", "workload", "profile", "head", "draft_model"}
-        if set(options) - allowed:
-            raise ValueError(f"method 'auto' takes {sorted(allowed)}; got {sorted(set(options) - allowed)} too "
-                             "(it chooses N and the tree itself).")  # fmt: skip
-        from jspec.auto import AutoDecoder
-
-        return AutoDecoder(target, eos_ids=eos_ids, mesh=mesh, **options)
-    if method == "ar":
-        check_options([method])
-        if adaptive is not None or costs is not None:
-            raise ValueError("plain decoding (ar) has no adaptive policy; pass no adaptive= or costs=.")
-        return Decoder(target, eos_ids=eos_ids, mesh=mesh)
-    drafter = make_drafter(method, target, **options)
-    return SpeculativeDecoder(target, drafter, eos_ids=eos_ids, mesh=mesh, adaptive=adaptive, costs=costs)
+def make_decoder(method, target, *, eos_ids: tuple[int, ...] = (), mesh=None, adaptive=None, costs=None,
+                 model_name: str | None = None, **options):  # fmt: skip
+    """The decoder of a method (a name with ``options``, or a :mod:`jspec.methods` spec): a
+    :class:`jspec.Decoder` for "ar", a :class:`jspec.AutoDecoder` for "auto" (options ``config``,
+    ``workload``, ``profile``, ``head``, ``draft_model``), else a :class:`jspec.SpeculativeDecoder` over
+    the method's drafter, adaptive when ``adaptive`` and ``costs`` are given. ``model_name``: the
+    target's registry name or folder (the shipped head, auto's profile and tuned config)."""
+    spec = parse(method, **options)
+    if not isinstance(spec, AutoSpec):
+        return spec.decoder(target, eos_ids=eos_ids, mesh=mesh, adaptive=adaptive, costs=costs, model_name=model_name)
+    if adaptive is not None or costs is not None:
+        raise ValueError("method 'auto' chooses its own adaptive policy; pass no adaptive= or costs=.")
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    return AutoDecoder(target, eos_ids=eos_ids, mesh=mesh, model_name=model_name, **fields)
 
 
 @dataclasses.dataclass
@@ -80,9 +72,9 @@ class Speculator:
         should use the head shipped for it.
       mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows over ``data``, the
         target's weights and KV cache over ``model`` (:mod:`jspec.sharding`).
-      drafter_options: :func:`jspec.make_drafter`'s keyword arguments (``num_draft``, ``tree``,
-        ``head``, ``draft_model``, ``ngram_min``, ``ngram_max``); for "auto", :class:`jspec.AutoDecoder`'s
-        (``config``, ``workload``, ``head``, ``draft_model``).
+      drafter_options: the method's options (:mod:`jspec.methods`: ``num_draft``, ``tree``, ``head``,
+        ``draft_model``, ``ngram_min``, ``ngram_max``, Lookahead's ``window``...; for "auto" ``config``,
+        ``workload``, ``head``, ``draft_model``); one the method does not take is refused by name.
     """
 
     def __init__(self, model, tokenizer=None, *, drafter="eagle3", model_name: str | None = None, mesh=None,
@@ -98,10 +90,8 @@ class Speculator:
         self.model, self.tokenizer = model, tokenizer
         eos = tuple(tokenizer.eos_token_ids)
         if drafter is None or isinstance(drafter, str):
-            method = drafter or "ar"
-            if method == "ar" and drafter_options:
-                raise ValueError(f"plain decoding takes no drafter options; got {sorted(drafter_options)}.")
-            self.decoder = make_decoder(method, model, eos_ids=eos, mesh=mesh, model_name=model_name, **drafter_options)
+            self.decoder = make_decoder(drafter or "ar", model, eos_ids=eos, mesh=mesh, model_name=model_name,
+                                        **drafter_options)  # fmt: skip
         else:
             if drafter_options:
                 raise ValueError(f"drafter options {sorted(drafter_options)} are for a method name; this drafter "

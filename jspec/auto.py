@@ -151,15 +151,9 @@ class AutoDecoder:
     def decoder_for(self, setting: Setting):
         """The (cached) decoder that runs ``setting``."""
         if setting not in self._decoders:
-            from jspec.api import make_decoder
-
-            extra = {}
-            if setting.method.startswith("eagle"):
-                extra = {"head": self.head, "model_name": self.model_name}
-            elif setting.method == "draft":
-                extra = {"draft_model": self.draft_model}
-            self._decoders[setting] = make_decoder(setting.method, self.target, eos_ids=self.eos_ids, mesh=self.mesh,
-                                                   **setting.options(), **extra)  # fmt: skip
+            self._decoders[setting] = setting.decoder(self.target, eos_ids=self.eos_ids, mesh=self.mesh,
+                                                      model_name=self.model_name, head=self.head,
+                                                      draft_model=self.draft_model)  # fmt: skip
         return self._decoders[setting]
 
     def generate(self, prompts, max_new_tokens: int, sampling=None, seed: int = 0, on_tokens=None, pad_to=None):

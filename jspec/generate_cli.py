@@ -22,8 +22,8 @@ HEAD_HELP = "folder of a trained EAGLE head or of Medusa heads (default: the EAG
 
 
 def _tree(args):
-    """--tree and its knobs as a draft shape (:func:`jspec.drafters.parse_tree`)."""
-    from jspec.drafters.factory import parse_tree
+    """--tree and its knobs as a draft shape (:func:`jspec.methods.parse_tree`); None for a chain."""
+    from jspec.methods import parse_tree
 
     return parse_tree(args.tree, top_k=args.tree_top_k, depth=args.tree_depth, total=args.tree_nodes)
 
@@ -35,64 +35,34 @@ def _num_draft(args) -> int:
     return draft_depth(args.num_draft, _tree(args))
 
 
-def _check_methods(args, methods) -> None:
-    """The flags each method needs, then the library's rules for methods and trees; said before any
-    model is loaded."""
-    from jspec.drafters.factory import check_options
+def _specs(args, methods, draft_model=None, workload=None) -> list:
+    """Each method's spec with the flags it takes (:func:`jspec.methods.parse_all`): a flag no method
+    takes, an unknown method or a bad option is refused by name before any model is loaded."""
+    from jspec.methods import AutoSpec, parse_all
 
-    if args.config and "auto" not in methods:
-        raise ValueError("--config (a tuned config) is read by method auto; add auto to the methods or drop --config.")
-    if "auto" in methods:
-        if args.config:
-            from jspec.tune.tuned import load_tuned
+    given = {"num_draft": args.num_draft, "tree": _tree(args), "head": args.head, "config": args.config,
+             "draft_model": draft_model or args.draft_model, "ngram_min": args.ngram_min, "ngram_max": args.ngram_max,
+             "window": args.lookahead_window, "level": args.lookahead_level, "guesses": args.lookahead_guesses,
+             "pool_size": args.lookahead_pool}  # fmt: skip
+    flags = {k: "--" + k.replace("_", "-") for k in given}
+    flags |= {"window": "--lookahead-window", "level": "--lookahead-level", "guesses": "--lookahead-guesses",
+              "pool_size": "--lookahead-pool"}  # fmt: skip
+    specs = parse_all(methods, context={"workload": workload}, flags=flags, **given)
+    if args.config and any(isinstance(s, AutoSpec) for s in specs):
+        from jspec.tune.tuned import load_tuned
 
-            # a damaged file, another model's, or one without the temperature's band: refused before any model loads
-            load_tuned(args.config, model=args.model).choose(args.temperature)
-        if methods == ["auto"] and (args.num_draft is not None or args.tree != "chain"):
-            raise ValueError("method auto chooses N and the tree itself; drop --num-draft and --tree.")
-        methods = [m for m in methods if m != "auto"]
-        if not methods:
-            return
-    if "draft" in methods and not args.draft_model:
-        raise ValueError("method draft needs --draft-model NAME (a smaller model with the same tokenizer).")
-    if "ngram" in methods and args.ngram_min > args.ngram_max:
-        raise ValueError(f"--ngram-min ({args.ngram_min}) must not exceed --ngram-max ({args.ngram_max}).")
-    if _lookahead(args) and "lookahead" not in methods:
-        raise ValueError("--lookahead-* options are for method lookahead; add it to the methods or drop them.")
-    check_options(methods, tree=_tree(args), ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                  draft_model=args.draft_model)  # fmt: skip
-    if "lookahead" in methods:  # W, N, G and the pool checked before any model loads
-        from jspec.drafters.factory import make_drafter
-
-        make_drafter("lookahead", None, lookahead=_lookahead(args))
-    if methods == ["lookahead"] and args.num_draft is not None:
-        raise ValueError("Lookahead decoding drafts --lookahead-level - 1 tokens; drop --num-draft.")
-    if "lookahead" not in methods:
-        _num_draft(args)  # a --num-draft beside a tree would be ignored: refused
+        # a damaged file, another model's, or one without the temperature's band: refused before any model loads
+        load_tuned(args.config, model=args.model).choose(args.temperature)
+    return specs
 
 
-def _lookahead(args) -> dict:
-    """The --lookahead-* options given (the rest take :data:`jspec.drafters.DEFAULTS`)."""
-    names = {"lookahead_window": "window", "lookahead_level": "level", "lookahead_guesses": "guesses",
-             "lookahead_pool": "pool_size"}  # fmt: skip
-    return {knob: getattr(args, flag) for flag, knob in names.items() if getattr(args, flag, None) is not None}
-
-
-def _decoder(method, args, model, tokenizer, draft_model=None, workload=None, mesh=None):
-    """The decoder for a method (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft model,
-    an EAGLE head (``--head``, or the one shipped for ``--model``), or auto (``--config``, else the
-    config tuned for ``workload`` or last for the model, else the cost profile)."""
+def _decoder(spec, args, model, tokenizer, mesh=None):
+    """The decoder of a method's spec (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft
+    model, an EAGLE head (``--head``, or the one shipped for ``--model``), Medusa, Lookahead, or auto
+    (``--config``, else the config tuned for the workload or last for the model, else the cost profile)."""
     from jspec.api import make_decoder
 
-    if method == "auto":
-        return make_decoder("auto", model, eos_ids=tokenizer.eos_token_ids, config=args.config, model_name=args.model,
-                            workload=workload, head=args.head, draft_model=draft_model or args.draft_model,
-                            mesh=mesh)  # fmt: skip
-    if method == "lookahead":
-        return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, lookahead=_lookahead(args), mesh=mesh)
-    return make_decoder(method, model, eos_ids=tokenizer.eos_token_ids, mesh=mesh, num_draft=args.num_draft,
-                        tree=_tree(args), head=args.head, draft_model=draft_model or args.draft_model,
-                        ngram_min=args.ngram_min, ngram_max=args.ngram_max, model_name=args.model)  # fmt: skip
+    return make_decoder(spec, model, eos_ids=tokenizer.eos_token_ids, mesh=mesh, model_name=args.model)
 
 
 def jax_process_index() -> int:
@@ -109,7 +79,7 @@ def _cmd_generate(args) -> int:
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     if not args.prompt:
         raise ValueError("--prompt is empty; give the text to continue.")
-    _check_methods(args, [args.method])
+    (spec,) = _specs(args, [args.method])
     if args.stream and args.json:
         raise ValueError("--stream prints the text as it comes and --json one object at the end; drop one of them.")
     mesh = mesh_from_args(args)
@@ -121,7 +91,7 @@ def _cmd_generate(args) -> int:
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
-    decoder = _decoder(args.method, args, model, tokenizer, mesh=mesh)
+    decoder = _decoder(spec, args, model, tokenizer, mesh=mesh)
     # Always listening (the loop resumed one step at a time: jspec.batching.drive), so that a Ctrl-C still
     # prints what was generated; --stream prints it as it comes.
     printer = stream_printer(tokenizer, show=args.stream)
@@ -141,7 +111,7 @@ def _cmd_generate(args) -> int:
     new = result.tokens[0]
     completion = tokenizer.decode(new)
     if args.json:
-        stats = result.stats() | {"prompt_tokens": len(ids), "method": args.method}
+        stats = result.stats() | {"prompt_tokens": len(ids), "method": args.method, "spec": spec.to_json()}
         first = None if printer.first_at is None else round(printer.first_at - started, 3)
         stats["startup"] = {"started_at": started, "load_s": round(loaded - started, 3),  # since the command began
                             "compile_s": round(result.compile_seconds, 3), "first_token_s": first}  # fmt: skip
@@ -149,7 +119,7 @@ def _cmd_generate(args) -> int:
     else:
         printer.finish(completion) if args.stream else print(completion)
         tau = f", tau {result.tau:.2f}" if result.speculative else ""
-        ran = f"auto ran {result.setting} from the {decoder.source}; " if args.method == "auto" else ""
+        ran = f"{args.method} ran {result.setting} from the {decoder.source}; " if result.setting else ""
         print(
             f"[{ran}{len(new)} tokens in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s{tau}; "
             f"compile {result.compile_seconds:.1f} s]",
@@ -160,31 +130,35 @@ def _cmd_generate(args) -> int:
 
 def _cmd_bench(args) -> int:
     from jspec.bench import run_interleaved, speedup_interval
+    from jspec.methods import PlainSpec
     from jspec.models.hub import load_model
     from jspec.prompts import load_prompts
     from jspec.sampling import SamplingParams
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    _check_methods(args, methods)
+    named = _specs(args, methods)  # checked before anything loads; recorded with the results
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
     prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
     mesh = mesh_from_args(args)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
-    draft_model = load_model(args.draft_model, dtype=args.dtype)[0] if "draft" in methods else None
+    draft_model = load_model(args.draft_model, dtype=args.dtype)[0] if args.draft_model else None
     workload = args.prompts + (f":{args.category}" if args.category else "")
-    decoders = {method: _decoder(method, args, model, tokenizer, draft_model, workload, mesh) for method in methods}
+    specs = dict(zip(methods, _specs(args, methods, draft_model, workload), strict=True))
+    decoders = {method: _decoder(spec, args, model, tokenizer, mesh) for method, spec in specs.items()}
     first = mesh is None or jax_process_index() == 0  # over several processes the first one reports
     results = run_interleaved(decoders, ids, args.max_new_tokens, sampling, seed=args.seed,
                               progress=first and not args.json)  # fmt: skip
     if not first:
         return 0
     for method, entry in results.items():
+        entry["spec"] = dict(zip(methods, named, strict=True))[method].to_json()
         print(f"  {method}: {entry['tokens_per_s']:.2f} tokens/s, tau {entry['tau']:.2f}", file=sys.stderr)
-    if "ar" in results:
+    plain = next((results[m] for m, spec in specs.items() if isinstance(spec, PlainSpec)), None)
+    if plain is not None:
         for entry in results.values():
-            entry["speedup"] = entry["tokens_per_s"] / results["ar"]["tokens_per_s"]
-            entry["speedup_interval"] = list(speedup_interval(entry, results["ar"]))  # 95%, paired over prompts
+            entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
+            entry["speedup_interval"] = list(speedup_interval(entry, plain))  # 95%, paired over prompts
     out = {
         "model": args.model,
         "prompts": args.prompts,
@@ -210,7 +184,7 @@ def _cmd_bench(args) -> int:
         for name, e in results.items():
             sp = f"{e['speedup']:.2f}x" if "speedup" in e else "-"
             interval = "{:.2f}-{:.2f}x".format(*e["speedup_interval"]) if "speedup_interval" in e else "-"
-            ran = f"  (ran {e['setting']})" if name == "auto" else ""
+            ran = f"  (ran {e['setting']})" if e.get("setting") else ""
             print(f"{name:<8} {e['tau']:>6.2f} {e['tokens_per_s']:>9.2f} {sp:>8} {interval:>13} "
                   f"{e['compile_seconds']:>10.1f}{ran}")  # fmt: skip
         if "speedup_interval" in next(iter(results.values())):
@@ -219,17 +193,17 @@ def _cmd_bench(args) -> int:
 
 
 def _add_ngram(p, positive_int) -> None:
-    from jspec.drafters.factory import DEFAULTS
+    from jspec.methods import DEFAULTS
 
-    p.add_argument("--ngram-min", type=positive_int, default=DEFAULTS.ngram_min,
-                   help="prompt lookup: the shortest suffix that counts as a match (default 2: a single "
-                        "repeated token drafts too often in vain; BENCHMARKS.md)")  # fmt: skip
-    p.add_argument("--ngram-max", type=positive_int, default=DEFAULTS.ngram_max,
-                   help="prompt lookup: the longest suffix tried first")  # fmt: skip
+    p.add_argument("--ngram-min", type=positive_int, default=None,
+                   help=f"prompt lookup: the shortest suffix that counts as a match (default {DEFAULTS.ngram_min}: "
+                        "a single repeated token drafts too often in vain)")  # fmt: skip
+    p.add_argument("--ngram-max", type=positive_int, default=None,
+                   help=f"prompt lookup: the longest suffix tried first (default {DEFAULTS.ngram_max})")  # fmt: skip
 
 
 def _add_lookahead(p, positive_int) -> None:
-    from jspec.drafters.factory import DEFAULTS
+    from jspec.methods import DEFAULTS
 
     d = DEFAULTS
     p.add_argument("--lookahead-window", type=positive_int, default=None,
@@ -251,7 +225,7 @@ def _add_lookahead(p, positive_int) -> None:
 
 
 def _add_tree(p, positive_int) -> None:
-    from jspec.drafters.factory import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
+    from jspec.methods import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
 
     tree_help = (
         "chain (N = --num-draft), dynamic (EAGLE-2), measured (Medusa: the best tree for the heads' "
@@ -268,9 +242,9 @@ def _add_tree(p, positive_int) -> None:
 
 
 def _methods() -> tuple[str, ...]:
-    from jspec.drafters.factory import METHODS
+    from jspec.methods import METHODS
 
-    return (*METHODS, "auto")
+    return METHODS
 
 
 def add_decode_commands(sub, positive_int, add_json) -> None:

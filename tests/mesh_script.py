@@ -12,10 +12,11 @@ from flax import nnx
 from tiny import tiny_model
 
 from jspec.decode import Decoder
-from jspec.drafters import DraftModel, EagleDrafter, LookaheadDecoding, PromptLookup, make_drafter
+from jspec.drafters import DraftModel, EagleDrafter, LookaheadDecoding, PromptLookup
 from jspec.engine import SpeculativeDecoder
 from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
 from jspec.medusa import MedusaConfig, MedusaHeads
+from jspec.methods import make_drafter
 from jspec.sampling import SamplingParams
 from jspec.sharding import MEGATRON, make_mesh, place_model
 from jspec.tree import DynamicTreeSpec

@@ -7,8 +7,9 @@ from flax import nnx
 from tiny import tiny_model
 
 import jspec
-from jspec.drafters import DEFAULTS, DraftModel, EagleDrafter, PromptLookup, make_drafter, parse_tree
+from jspec.drafters import DraftModel, EagleDrafter, PromptLookup
 from jspec.heads import DraftHead, HeadConfig, draft_vocabulary, save_head
+from jspec.methods import DEFAULTS, make_drafter, parse_tree
 from jspec.tree import DynamicTreeSpec, StaticTree
 
 V = 97
@@ -77,8 +78,9 @@ def test_one_default_per_knob_for_python_and_the_command_line():
     for command in (["generate", "--prompt", "x"], ["bench"]):
         args = vars(build_parser().parse_args(command))
         assert args["num_draft"] is None  # the shared default for a chain, a tree's own depth for a tree
-        # None: the library's default (a lookahead knob given to another method is refused, so "given" must show)
-        unset = {"num_draft": None} | {k: None for k in DEFAULTS.__dataclass_fields__ if k.startswith("lookahead_")}
+        # None: the library's default (a knob given to a method that does not take it is refused, so "given" must
+        # show): N, prompt lookup's and Lookahead's knobs; the tree's sizes build the tree --tree names.
+        unset = {k: None for k in DEFAULTS.__dataclass_fields__ if not k.startswith("tree_")}
         assert {knob: args[knob] for knob in DEFAULTS.__dataclass_fields__} == DEFAULTS.__dict__ | unset
     assert make_drafter("ngram", None).num_draft == DEFAULTS.num_draft
     lookahead = make_drafter("lookahead", None)
@@ -157,7 +159,7 @@ def test_speculator_takes_and_returns_text(target):
         jspec.Speculator(target, drafter="ngram")
     with pytest.raises(ValueError, match="list of strings"):
         jspec.Speculator(target, tok, drafter="ar").generate([[5, 6]])
-    with pytest.raises(ValueError, match="no drafter options"):
+    with pytest.raises(ValueError, match="method 'ar' takes no options; not num_draft"):
         jspec.Speculator(target, tok, drafter="ar", num_draft=3)
 
 

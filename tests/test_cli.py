@@ -111,11 +111,11 @@ def test_generate_bad_input(capsys):
     assert main(["generate", "--method", "eagle3", "--tree", "two", "--prompt", "x"]) == 2
     assert "branching list" in capsys.readouterr().err
     assert main(["generate", "--method", "ngram", "--ngram-min", "3", "--ngram-max", "2", "--prompt", "x"]) == 2
-    assert "--ngram-min (3) must not exceed --ngram-max (2)" in capsys.readouterr().err
+    assert "prompt lookup needs 1 <= ngram_min <= ngram_max; got 3 and 2" in capsys.readouterr().err
     assert main(["generate", "--method", "ngram", "--tree", "2,2,2", "--prompt", "x"]) == 2
     assert "M,1,...,1" in capsys.readouterr().err
     assert main(["generate", "--method", "draft", "--draft-model", "x", "--tree", "dynamic", "--prompt", "x"]) == 2
-    assert "draft model drafts static trees" in capsys.readouterr().err
+    assert "method 'draft' drafts chains or static trees" in capsys.readouterr().err
     argv = ["generate", "--method", "eagle3", "--tree", "dynamic", "--tree-nodes", "99", "--prompt", "x"]
     assert main(argv) == 2
     assert "total" in capsys.readouterr().err

@@ -104,11 +104,11 @@ def test_medusa_options_are_refused_clearly(target, tmp_path):
         MedusaDrafter.from_heads(heads, target, num_draft=3)
     with pytest.raises(ValueError, match="static trees"):
         MedusaDrafter.from_heads(heads, target, tree=DynamicTreeSpec(top_k=2, depth=2, total=5))
-    from jspec.drafters import check_options
+    from jspec.methods import parse
     from jspec.tree import MeasuredTree
 
-    with pytest.raises(ValueError, match="only method medusa drafts one"):
-        check_options(["ngram"], tree="measured")
+    with pytest.raises(ValueError, match="method 'ngram' drafts chains or trees of several continuations"):
+        parse("ngram", tree="measured")
     with pytest.raises(ValueError, match="holds no measured rank rates"):  # saved without a training report
         MedusaDrafter.from_heads(save_medusa(heads, tmp_path / "h"), target, tree=MeasuredTree(8))
 

@@ -1,4 +1,4 @@
-"""Drafters behind one protocol (:mod:`jspec.drafters.base`), one per file, and the factory.
+"""Drafters behind one protocol (:mod:`jspec.drafters.base`), one per file.
 
 ====================  ==========================================================
 ``PromptLookup``      prompt lookup (n-gram): the text's own earlier continuations
@@ -8,20 +8,17 @@
 ``LookaheadDecoding`` Jacobi iterations' n-grams, no second model (Lookahead decoding)
 ====================  ==========================================================
 
-:func:`make_drafter` builds any of them from a method name with the shared defaults.
+:func:`jspec.make_drafter` builds any of them from a method name and its options (:mod:`jspec.methods`).
 """
 
 from jspec.drafters.base import ChainProposal, Context, Drafter, Feedback, Lookahead, TreeProposal, check_drafter
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle import EagleDrafter
-from jspec.drafters.factory import DEFAULTS, METHODS, check_options, make_drafter, parse_tree
 from jspec.drafters.lookahead import LookaheadDecoding
 from jspec.drafters.medusa import MedusaDrafter
 from jspec.drafters.prompt_lookup import PromptLookup
 
 __all__ = [
-    "DEFAULTS",
-    "METHODS",
     "ChainProposal",
     "Context",
     "DraftModel",
@@ -34,7 +31,4 @@ __all__ = [
     "PromptLookup",
     "TreeProposal",
     "check_drafter",
-    "check_options",
-    "make_drafter",
-    "parse_tree",
 ]

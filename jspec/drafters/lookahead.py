@@ -60,7 +60,7 @@ class PoolState:
 class LookaheadDecoding:
     """Lookahead decoding. ``window`` W, ``level`` N (n-gram size; the window has N - 1 levels),
     ``guesses`` G (candidates verified per step), ``pool_size`` P (n-grams kept per row). The
-    defaults (1, 2, 2) are :data:`jspec.drafters.DEFAULTS`: what measured fastest on a 2-core CPU."""
+    defaults (1, 2, 2) are :data:`jspec.methods.DEFAULTS`: what measured fastest on a 2-core CPU."""
 
     window: int = struct.field(pytree_node=False, default=1)
     level: int = struct.field(pytree_node=False, default=2)

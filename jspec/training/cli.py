@@ -191,8 +191,8 @@ def _cmd_train(args) -> int:
             print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
             print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
         if "rank_rates" in report:
-            from jspec.drafters import DEFAULTS
             from jspec.drafters.medusa import best_branching
+            from jspec.methods import DEFAULTS
 
             rates = report["rank_rates"]
             print(f"held-out rank rates per head ({report['held_out_examples']} examples), top 1..3: "

@@ -95,7 +95,7 @@ def _cmd_tune_profile(args) -> int:
 
 def _cmd_tune(args) -> int:
     """Probe, predict, measure and recommend for each batch size and temperature asked."""
-    from jspec.drafters.factory import check_options
+    from jspec.methods import parse
     from jspec.models.hub import load_model, shipped_head
     from jspec.prompts import load_prompts
     from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
@@ -118,7 +118,7 @@ def _cmd_tune(args) -> int:
     num_drafts = _int_list(args.num_draft, "--num-draft")
     trees = _trees(args.trees)
     for tree in trees:
-        check_options(["eagle3"], tree=tree)  # a malformed tree is refused before anything loads
+        parse("eagle3", tree=tree)  # a malformed tree is refused before anything loads
     wanted = None
     if args.methods:
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -357,7 +357,7 @@ def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7
     """The drafters a profile measures, by name: prompt lookup at each N; the EAGLE head (``head``, or
     the one shipped for ``model_name``, if any) at each N and each tree; the draft model, if given,
     at each N and each static tree."""
-    from jspec.drafters.factory import make_drafter, parse_tree
+    from jspec.methods import make_drafter, parse_tree
     from jspec.models.hub import shipped_head
     from jspec.tree import StaticTree
 

@@ -18,6 +18,7 @@ import json
 import pathlib
 
 from jspec.files import write_text
+from jspec.methods import TUNED, label_of, options_of, parse
 
 __all__ = ["BANDS", "TUNED_VERSION", "Recommendation", "Setting", "TunedConfig", "band_of", "load_tuned",
            "save_tuned", "tuned_path"]  # fmt: skip
@@ -35,18 +36,14 @@ def band_of(temperature: float) -> str:
     return "greedy" if t == 0 else "low" if t <= LOW_BAND_MAX else "high"
 
 
-# What the tuner measures and auto runs (Medusa heads are not among its candidates yet: no head ships).
-TUNED_METHODS = ("ar", "ngram", "draft", "eagle3", "eagle1")
-
-
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One way to decode: plain ("ar") or a drafter with N drafts or a tree, optionally adaptive.
 
     Attributes:
-      method: "ar" or a drafter method of :data:`jspec.drafters.factory.METHODS`.
+      method: a method the tuner measures (:data:`jspec.methods.TUNED`).
       num_draft: N for a chain (None for plain decoding and trees).
-      tree: a tree as :func:`jspec.drafters.parse_tree` reads it ("dynamic", "2,2,1"), or None.
+      tree: a tree as :func:`jspec.methods.parse_tree` reads it ("dynamic", "2,2,1"), or None.
       adaptive: fall back to plain steps where speculation does not pay (needs ``costs``).
       costs: (speculative, plain) step costs in plain steps for the adaptive policy
         (:class:`jspec.adaptive.StepCosts`), from the machine's cost profile.
@@ -59,12 +56,12 @@ class Setting:
     costs: tuple[float, float] | None = None
 
     def __post_init__(self):
-        if self.method not in TUNED_METHODS:
+        if self.method not in TUNED:
             raise ValueError(f"unknown method {self.method!r} for a tuned setting; the tuner chooses among "
-                             f"{', '.join(TUNED_METHODS)}.")  # fmt: skip
-        if self.method == "ar":
+                             f"{', '.join(TUNED)}.")  # fmt: skip
+        if "num_draft" not in options_of(self.method):  # plain decoding
             if self.num_draft is not None or self.tree is not None or self.adaptive:
-                raise ValueError("plain decoding (ar) takes no num_draft, tree or adaptive fallback.")
+                raise ValueError(f"{self.method} takes no num_draft, tree or adaptive fallback.")
             return
         if (self.num_draft is None) == (self.tree is None):
             raise ValueError(f"{self.method} needs exactly one of num_draft (a chain) and tree; got "
@@ -79,24 +76,22 @@ class Setting:
     @property
     def shape(self) -> str:
         """The profile's name for this drafter and shape ("ngram:N=3", "eagle3:tree=dynamic"); "ar"."""
-        if self.method == "ar":
-            return "ar"
-        return f"{self.method}:N={self.num_draft}" if self.tree is None else f"{self.method}:tree={self.tree}"
+        return label_of(self.method, self.num_draft, self.tree)
 
     @property
     def name(self) -> str:
         return self.shape + ("+adaptive" if self.adaptive else "")
 
-    def options(self) -> dict:
-        """:func:`jspec.make_decoder`'s keyword arguments for this setting (the method apart)."""
-        if self.method == "ar":
-            return {}
-        from jspec.adaptive import Adaptive, StepCosts
+    def decoder(self, target, *, eos_ids=(), mesh=None, model_name: str | None = None, head=None, draft_model=None):
+        """The decoder that runs this setting: its method's spec (:mod:`jspec.methods`) with the head or
+        draft model where the method takes one, adaptive with its step costs when the setting is."""
+        from jspec.adaptive import Adaptive, StepCosts  # jax; the settings themselves are read without it
 
-        out = {"num_draft": self.num_draft, "tree": self.tree}
-        if self.adaptive:
-            out |= {"adaptive": Adaptive(), "costs": StepCosts.create(*self.costs)}
-        return out
+        given = {"num_draft": self.num_draft, "tree": self.tree, "head": head, "draft_model": draft_model}
+        spec = parse(self.method, **{k: v for k, v in given.items() if k in options_of(self.method)})
+        adaptive = (Adaptive(), StepCosts.create(*self.costs)) if self.adaptive else (None, None)
+        return spec.decoder(target, eos_ids=eos_ids, mesh=mesh, adaptive=adaptive[0], costs=adaptive[1],
+                            model_name=model_name)  # fmt: skip
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"costs": list(self.costs) if self.costs else None}

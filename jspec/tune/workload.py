@@ -41,7 +41,7 @@ def available_families(*, head=None, draft_model=None) -> list[str]:
 
 def _probes(families: Sequence[str], num_drafts: Sequence[int], trees: Sequence[str]) -> list[Setting]:
     """One chain at the longest N per family, and each tree a family drafts (as itself)."""
-    from jspec.drafters.factory import parse_tree
+    from jspec.methods import parse_tree
     from jspec.tree import StaticTree
 
     out = []
@@ -89,15 +89,6 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
     return probe["new_tokens"] / (prefill + step * units)
 
 
-def _decoder(setting: Setting, target, eos, *, model_name, head, draft_model, mesh=None):
-    from jspec.api import make_decoder
-
-    extra = {"head": head} if setting.method.startswith("eagle") else {}
-    extra |= {"draft_model": draft_model} if setting.method == "draft" else {}
-    return make_decoder(setting.method, target, eos_ids=eos, model_name=model_name, mesh=mesh, **setting.options(),
-                        **extra)  # fmt: skip
-
-
 def _width(decoder) -> int:
     d = decoder.drafter
     return (d.num_nodes or d.num_draft + 1) + d.num_lookahead
@@ -127,8 +118,8 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
 
     def decoder(setting):
         if setting not in cache:
-            cache[setting] = _decoder(setting, target, eos, model_name=model_name, head=head, draft_model=draft_model,
-                                      mesh=mesh)  # fmt: skip
+            cache[setting] = setting.decoder(target, eos_ids=eos, mesh=mesh, model_name=model_name, head=head,
+                                             draft_model=draft_model)  # fmt: skip
         return cache[setting]
 
     probes = _probes(families, num_drafts, trees)
