@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow notebooks lint format clean
+.PHONY: setup demo test test-slow notebooks docs lint format clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,9 @@ test: setup
 # Executes every notebook in place with a Jupyter kernel: the outputs and plots GitHub and Colab show.
 notebooks: setup
 	$(BIN)/python notebooks/execute.py
+
+docs: setup  # the command-line reference, from the parsers
+	$(BIN)/python -c "from jspec.cli import reference; print(reference())" > docs/cli.md
 
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow"

@@ -164,6 +164,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def reference(width: int = 100) -> str:
+    """The command-line reference (``docs/cli.md``): every command's ``--help`` at ``width`` columns,
+    written by ``make docs`` and compared with the parsers by the tests."""
+    import os
+    import unittest.mock
+
+    out = ["# Command-line reference", "",
+           "Every command's `--help`, generated from its parser by `make docs` (a test fails when this file is "
+           "stale).", ""]  # fmt: skip
+    with unittest.mock.patch.dict(os.environ, {"COLUMNS": str(width)}):
+        parser = build_parser()
+        todo = [("jspec", parser)]
+        while todo:
+            name, p = todo.pop(0)
+            out += [f"## `{name}`", "", "```text", p.format_help().rstrip(), "```", ""]
+            for action in p._actions:  # argparse keeps subcommands here only
+                if isinstance(action, argparse._SubParsersAction):
+                    todo += [(f"{name} {sub}", subparser) for sub, subparser in action.choices.items()]
+    return "\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jspec import __version__
     from jspec.cli_common import Parser

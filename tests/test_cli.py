@@ -232,3 +232,23 @@ def test_mesh_options_are_checked_before_the_model_loads(capsys):
     argv = ["generate", "--prompt", "x", "--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "0"]
     assert main(argv) == 2
     assert "give --mesh too" in capsys.readouterr().err
+
+
+def test_the_command_line_reference_is_the_parsers_help(monkeypatch):
+    """docs/cli.md is what `make docs` writes from the parsers; a changed flag makes it stale (negative control)."""
+    import pathlib
+
+    from jspec import cli
+
+    docs = pathlib.Path(__file__).parent.parent / "docs" / "cli.md"
+    assert docs.read_text() == cli.reference() + "\n", "docs/cli.md is stale: run `make docs`"
+    assert "## `jspec tune profile`" in docs.read_text() and "--draft-model" in docs.read_text()
+    build = cli.build_parser
+
+    def with_extra_flag():
+        parser = build()
+        parser.add_argument("--new-flag", help="added after make docs")
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", with_extra_flag)
+    assert docs.read_text() != cli.reference() + "\n"
