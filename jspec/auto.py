@@ -10,6 +10,7 @@ decodes plainly where speculation does not pay. Each setting's loop compiles onc
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -36,6 +37,15 @@ def default_setting(profile, families, num_draft: int = DEFAULT_NUM_DRAFT) -> Se
     if best is None:
         raise ValueError("no drafter family to choose from.")
     return best[1]
+
+
+def _merged(cached, measured):
+    """``cached`` with what only ``measured`` holds, rescaled to the cached plain step: the policy reads
+    costs relative to a plain step, so each run's own unit is kept."""
+    scale = cached.step_ms / measured.step_ms
+    forward = {k: ms * scale for k, ms in measured.forward_ms.items()} | cached.forward_ms
+    drafters = {k: {m: ms * scale for m, ms in d.items()} for k, d in measured.drafters.items()} | cached.drafters
+    return dataclasses.replace(cached, forward_ms=forward, drafters=drafters)
 
 
 class AutoDecoder:
@@ -132,6 +142,8 @@ class AutoDecoder:
         cached = load_profile(path)
         if cached is not None and wanted <= set(cached.drafters) and DEFAULT_NUM_DRAFT + 1 in cached.forward_ms:
             return cached
+        if cached is not None:  # made by the tuner or an experiment for other drafters: measure only what is missing
+            wanted -= set(cached.drafters)
         print(f"auto: no cost profile of {name} at batch {rows} here; measuring one (once) ...", file=sys.stderr)
         draft = self.draft_model
         if isinstance(draft, str):
@@ -144,7 +156,9 @@ class AutoDecoder:
         profile = measure_profile(
             self.target, name, drafters, batch=rows, widths=(DEFAULT_NUM_DRAFT + 1,), mesh=self.mesh
         )  # a plain step and a verify step: what default_setting reads
-        if cached is None and self.model_name is not None:
+        if cached is not None:
+            profile = _merged(cached, profile)
+        if self.model_name is not None:  # kept, so that the next process reads it instead of measuring again
             save_profile(profile, path)
         return profile
 

@@ -199,6 +199,23 @@ def test_auto_without_a_config_speculates_adaptively_from_the_cost_profile(targe
     assert auto.generate(PROMPTS, 12, SamplingParams.greedy()).tokens == plain.tokens
 
 
+def test_auto_measures_only_what_a_cached_profile_lacks_and_keeps_it(target, tmp_path, monkeypatch):
+    """A profile cached by the tuner or an experiment for other drafters is completed once and saved, not
+    measured again by every process (each warm `jspec generate --method auto` paid ~10 s for it)."""
+    from jspec.tune import costs
+
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    other = measure_profile(target, "tiny", {"ngram:N=2": PromptLookup(num_draft=2)}, max_k=3, context=32, repeats=2)
+    path = costs.profile_path("tiny", 1, dtype=costs.weights_dtype(target))
+    costs.save_profile(other, path)
+    AutoDecoder(target, eos_ids=EOS, model_name="tiny").choose(0.0, 1)
+    merged = costs.load_profile(path)
+    assert {"ngram:N=2", "ngram:N=4"} <= set(merged.drafters) and 5 in merged.forward_ms
+    assert merged.drafters["ngram:N=2"] == other.drafters["ngram:N=2"] and merged.step_ms == other.step_ms
+    monkeypatch.setattr(costs, "measure_profile", lambda *a, **k: pytest.fail("measured the profile again"))
+    assert AutoDecoder(target, eos_ids=EOS, model_name="tiny").choose(0.0, 1).num_draft == 4
+
+
 def test_tune_and_auto_refuse_bad_input_before_loading_anything(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
