@@ -49,7 +49,7 @@ def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, s
 def forget_compiled(decoders) -> None:
     """Drops the decoders' compiled loops (an auto decoder's too) and JAX's caches. A sweep over many
     decoders in one process needs it: XLA on CPU maps each compiled SmolLM2 loop into ~2,000 memory
-    regions of its own, and Linux allows a process 65,530 (``vm.max_map_count``; README)."""
+    regions of its own, and Linux allows a process 65,530 (``vm.max_map_count``; docs/library.md)."""
     import jax
 
     for decoder in decoders:
