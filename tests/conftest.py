@@ -41,6 +41,18 @@ import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
+# The files that took longest on one worker (make test's --durations and fixtures, 2026-12-03 and -04) start first:
+# pytest-xdist's --dist loadfile hands out files in collection order, and a long file started last keeps
+# one worker busy after the other has run out of files.
+LONGEST_FIRST = ("test_published_heads.py", "test_train_mesh.py", "test_reliability.py", "test_sharding.py",
+                 "test_real_smollm2.py", "test_real_shipped_head.py", "test_adaptive.py", "test_lookahead.py",
+                 "test_eagle.py", "test_fuzz.py", "test_compile_cache.py", "test_medusa.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
