@@ -39,12 +39,12 @@ from jspec.engine import SpeculativeDecoder
 from jspec.head_formats import load_eagle
 from jspec.heads import DraftHead
 from jspec.models.hub import load_model, shipped_head
-from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree
+from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree, parse_tree, tree_text
 
 __all__ = [
     "DEFAULTS", "METHODS", "TUNED", "AutoSpec", "Defaults", "DraftModelSpec", "DraftedSpec", "Eagle1Spec", "Eagle3Spec",
-    "LookaheadSpec", "MedusaSpec", "MethodSpec", "PlainSpec", "PromptLookupSpec", "from_json", "label_of",
-    "make_drafter", "options_of", "parse", "parse_all", "parse_tree", "tree_text",
+    "LookaheadSpec", "MedusaSpec", "MethodSpec", "PlainSpec", "PromptLookupSpec", "drafts", "from_json", "label_of",
+    "make_drafter", "needs_of", "options_of", "parse", "parse_all", "parse_tree", "tree_text", "tuned_families",
 ]  # fmt: skip
 
 
@@ -73,64 +73,13 @@ class Defaults:
 DEFAULTS = Defaults()
 
 
-def parse_tree(tree, *, top_k: int | None = None, depth: int | None = None, total: int | None = None):
-    """A draft shape from what a user writes: None or "chain" (a chain); "dynamic" (EAGLE-2, with
-    ``top_k``, ``depth``, ``total`` or their defaults) or "dynamic:top_k=4,depth=3,total=8";
-    "measured" (Medusa: the best static tree of at most ``total`` nodes for the heads' measured
-    acceptance) or "measured:total=16"; a branching such as "2,2,2" or [2, 2, 2]; or a tree object."""
-    if tree is None or tree == "chain":
-        return None
-    if isinstance(tree, StaticTree | DynamicTreeSpec | MeasuredTree):
-        return tree
-    if isinstance(tree, str) and tree.partition(":")[0] in ("dynamic", "measured"):
-        kind, _, rest = tree.partition(":")
-        sizes = {"top_k": top_k, "depth": depth, "total": total}
-        for part in filter(None, rest.split(",")):
-            key, _, value = part.partition("=")
-            if key not in (sizes if kind == "dynamic" else {"total"}) or not value.isdigit():
-                raise ValueError(f"tree {tree!r}: {kind} takes " + ("top_k=K,depth=D,total=T" if kind == "dynamic"
-                                 else "total=T") + f"; got {part!r}.")  # fmt: skip
-            sizes[key] = int(value)
-        if kind == "measured":
-            return MeasuredTree(sizes["total"] or DEFAULTS.tree_nodes)
-        d = DEFAULTS
-        return DynamicTreeSpec(sizes["top_k"] or d.tree_top_k, sizes["depth"] or d.tree_depth,
-                               sizes["total"] or d.tree_nodes)  # fmt: skip
-    if isinstance(tree, str):
-        try:
-            tree = [int(x) for x in tree.split(",")]
-        except ValueError:
-            raise ValueError(
-                f"tree must be 'chain', 'dynamic', 'measured' or a branching list such as 2,2,2; got {tree!r}."
-            ) from None
-    if isinstance(tree, Sequence) and all(isinstance(x, int) for x in tree):
-        return StaticTree.from_branching(tree)
-    raise ValueError(f"tree must be 'chain', 'dynamic', a branching such as [2, 2, 2], a StaticTree or a "
-                     f"DynamicTreeSpec; got {tree!r}.")  # fmt: skip
-
-
-def tree_text(tree) -> str | None:
-    """What :func:`parse_tree` reads back to ``tree`` (None for a chain)."""
-    tree = parse_tree(tree)
-    if tree is None:
-        return None
-    if isinstance(tree, DynamicTreeSpec):
-        default = DynamicTreeSpec()
-        same = (tree.top_k, tree.depth, tree.total) == (default.top_k, default.depth, default.total)
-        return "dynamic" if same else f"dynamic:top_k={tree.top_k},depth={tree.depth},total={tree.total}"
-    if isinstance(tree, MeasuredTree):
-        return "measured" if tree.max_nodes == DEFAULTS.tree_nodes else f"measured:total={tree.max_nodes}"
-    if tree.branching is None:
-        raise ValueError("a static tree without a branching list has no text form; give it as a branching.")
-    return ",".join(map(str, tree.branching))
-
-
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """A decoding method and its options (see the module docstring); subclasses set ``name``."""
 
     name: ClassVar[str]
     tuned: ClassVar[bool] = False  # among ``jspec tune``'s candidates (and so ``auto``'s)
+    needs: ClassVar[str | None] = None  # the option the tuner cannot try it without (its head, its model)
 
     def drafter(self, target, *, model_name: str | None = None):
         """The drafter for :class:`jspec.SpeculativeDecoder` (``model_name`` finds a shipped head)."""
@@ -189,9 +138,18 @@ class DraftedSpec(MethodSpec):
         tree = parse_tree(self.tree)
         if not isinstance(self.tree, StaticTree | DynamicTreeSpec | MeasuredTree):  # text, a list: kept as text
             object.__setattr__(self, "tree", tree_text(tree))
-        if tree is not None and not isinstance(tree, self.trees):
-            raise ValueError(f"method {self.name!r} drafts chains or {self.trees_said}; got {tree}.")
+        self.check_tree(tree)
         draft_depth(self.num_draft, tree)  # N >= 1, and no N beside a tree's own depth
+
+    @classmethod
+    def check_tree(cls, tree) -> None:
+        """Refuses, by name, a tree (:func:`parse_tree`'s) this method does not draft."""
+        if tree is not None and not cls.drafts_tree(tree):
+            raise ValueError(f"method {cls.name!r} drafts chains or {cls.trees_said}; got {tree}.")
+
+    @classmethod
+    def drafts_tree(cls, tree) -> bool:
+        return isinstance(tree, cls.trees)
 
     @property
     def shape(self):
@@ -225,8 +183,10 @@ class PromptLookupSpec(DraftedSpec):
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"prompt lookup needs 1 <= ngram_min <= ngram_max; got {self.ngram_min} and "
                              f"{self.ngram_max}.")  # fmt: skip
-        if self.shape is not None and _lookup_paths(self.shape) is None:
-            raise ValueError(f"method 'ngram' drafts chains or {self.trees_said}; got {self.shape}.")
+
+    @classmethod
+    def drafts_tree(cls, tree) -> bool:
+        return _lookup_paths(tree) is not None
 
     def drafter(self, target, *, model_name=None):
         paths = 1 if self.shape is None else _lookup_paths(self.shape)
@@ -240,6 +200,7 @@ class DraftModelSpec(DraftedSpec):
 
     name: ClassVar[str] = "draft"
     tuned: ClassVar[bool] = True
+    needs: ClassVar[str] = "draft_model"
     draft_model: object = None
     trees: ClassVar = (StaticTree,)
     trees_said: ClassVar[str] = "static trees (a branching list such as 2,2,2)"
@@ -274,6 +235,7 @@ class Eagle3Spec(DraftedSpec):
 
     name: ClassVar[str] = "eagle3"
     tuned: ClassVar[bool] = True
+    needs: ClassVar[str] = "head"
     head: object = None
 
     def drafter(self, target, *, model_name=None):
@@ -398,6 +360,27 @@ def parse_all(methods: Sequence[str], context: dict | None = None, flags: dict |
                              f"{', '.join(methods)} takes it.")  # fmt: skip
     given |= {k: v for k, v in (context or {}).items() if v is not None}
     return [parse(m, **{k: v for k, v in given.items() if k in options_of(m)}) for m in methods]
+
+
+def drafts(method: str, tree) -> bool:
+    """Whether ``method`` drafts ``tree`` (what :func:`parse_tree` reads)."""
+    cls = _spec_class(method)
+    return issubclass(cls, DraftedSpec) and cls.drafts_tree(parse_tree(tree))
+
+
+def tuned_families(*, head=None, draft_model=None) -> list[str]:
+    """The drafter families ``jspec tune`` measures with what it was given: those that need nothing, and
+    those whose head (its own kind: a folder counts as EAGLE-3) or draft model is there."""
+    given = {"head": head, "draft_model": draft_model}
+    kind = getattr(getattr(head, "config", None), "kind", "eagle3")
+    return [name for name, cls in _SPECS.items() if cls.tuned and issubclass(cls, DraftedSpec)
+            and (cls.needs is None or given[cls.needs] is not None)
+            and (cls.needs != "head" or name == kind)]  # fmt: skip
+
+
+def needs_of(method: str) -> str | None:
+    """The option the tuner cannot try ``method`` without (``head``, ``draft_model``), or None."""
+    return _spec_class(method).needs
 
 
 def label_of(method: str, num_draft: int | None = None, tree=None) -> str:

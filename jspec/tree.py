@@ -53,7 +53,9 @@ __all__ = [
     "ancestor_mask",
     "check_tree",
     "frontier_sizes",
+    "parse_tree",
     "tree_attention_mask",
+    "tree_text",
     "verify_tree",
     "verify_tree_batch",
 ]
@@ -383,3 +385,54 @@ def tree_attention_mask(cache_lengths, ancestors, capacity: int):
     idx = jnp.broadcast_to(jnp.clip(rel, 0, t - 1)[:, None, :], (*ancestors.shape[:2], capacity))
     sees_node = jnp.take_along_axis(ancestors, idx, axis=2) & in_tree[:, None, :]
     return (rel < 0)[:, None, :] | sees_node
+
+
+def parse_tree(tree, *, top_k: int | None = None, depth: int | None = None, total: int | None = None):
+    """A draft shape from what a user writes: None or "chain" (a chain); "dynamic" (EAGLE-2, with
+    ``top_k``, ``depth``, ``total`` or their defaults) or "dynamic:top_k=4,depth=3,total=8";
+    "measured" (Medusa: the best static tree of at most ``total`` nodes for the heads' measured
+    acceptance) or "measured:total=16"; a branching such as "2,2,2" or [2, 2, 2]; or a tree object."""
+    if tree is None or tree == "chain":
+        return None
+    if isinstance(tree, StaticTree | DynamicTreeSpec | MeasuredTree):
+        return tree
+    if isinstance(tree, str) and tree.partition(":")[0] in ("dynamic", "measured"):
+        kind, _, rest = tree.partition(":")
+        sizes = {"top_k": top_k, "depth": depth, "total": total}
+        for part in filter(None, rest.split(",")):
+            key, _, value = part.partition("=")
+            if key not in (sizes if kind == "dynamic" else {"total"}) or not value.isdigit():
+                raise ValueError(f"tree {tree!r}: {kind} takes " + ("top_k=K,depth=D,total=T" if kind == "dynamic"
+                                 else "total=T") + f"; got {part!r}.")  # fmt: skip
+            sizes[key] = int(value)
+        d = DynamicTreeSpec()  # the default size, a measured tree's too
+        if kind == "measured":
+            return MeasuredTree(sizes["total"] or d.total)
+        return DynamicTreeSpec(sizes["top_k"] or d.top_k, sizes["depth"] or d.depth, sizes["total"] or d.total)
+    if isinstance(tree, str):
+        try:
+            tree = [int(x) for x in tree.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"tree must be 'chain', 'dynamic', 'measured' or a branching list such as 2,2,2; got {tree!r}."
+            ) from None
+    if isinstance(tree, Sequence) and all(isinstance(x, int) for x in tree):
+        return StaticTree.from_branching(tree)
+    raise ValueError(f"tree must be 'chain', 'dynamic', a branching such as [2, 2, 2], a StaticTree or a "
+                     f"DynamicTreeSpec; got {tree!r}.")  # fmt: skip
+
+
+def tree_text(tree) -> str | None:
+    """What :func:`parse_tree` reads back to ``tree`` (None for a chain)."""
+    tree = parse_tree(tree)
+    if tree is None:
+        return None
+    if isinstance(tree, DynamicTreeSpec):
+        default = DynamicTreeSpec()
+        same = (tree.top_k, tree.depth, tree.total) == (default.top_k, default.depth, default.total)
+        return "dynamic" if same else f"dynamic:top_k={tree.top_k},depth={tree.depth},total={tree.total}"
+    if isinstance(tree, MeasuredTree):
+        return "measured" if tree.max_nodes == DynamicTreeSpec.total else f"measured:total={tree.max_nodes}"
+    if tree.branching is None:
+        raise ValueError("a static tree without a branching list has no text form; give it as a branching.")
+    return ",".join(map(str, tree.branching))

@@ -226,7 +226,7 @@ def test_tune_and_auto_refuse_bad_input_before_loading_anything(tmp_path, capsys
         (["tune", "--prompts", str(empty)], "has 0 prompts"),
         (["tune", "--prompts", "mt-bench", "--trees", "2,x"], "tree must be"),
         (["tune"], "needs --prompts"),
-        (["tune", "--prompts", "mt-bench", "--methods", "medusa"], "drafter families among ngram, eagle3, draft"),
+        (["tune", "--prompts", "mt-bench", "--methods", "medusa"], "families among ngram, draft, eagle3, eagle1"),
         (["tune", "--prompts", "mt-bench", "--methods", "draft"], "--methods draft needs --draft-model"),
         (["bench", "--methods", "ar,auto,fast"], "unknown method"),
     ]

@@ -144,3 +144,32 @@ def test_the_package_has_no_import_circle_with_negative_control():
     broken = {m: set(e) for m, e in graph.items()}
     broken["jspec.methods"].add("jspec.api")  # api -> methods already: the circle the test must see
     assert _circle(broken) is not None
+
+
+def _method_name_comparisons(source: str) -> list[int]:
+    """Lines comparing a method or family variable with a method's name (``method == "ngram"``,
+    ``"draft" in methods``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = any(isinstance(s, ast.Constant) and s.value in methods.METHODS for s in sides)
+            words = [getattr(s, "id", None) or getattr(s, "attr", "") for s in sides]
+            if named and any(w and ("method" in w or "family" in w) for w in words):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_jspec_methods_compares_method_names_with_negative_control():
+    root = pathlib.Path(jspec.__file__).parent
+    found = {str(p.relative_to(root)): _method_name_comparisons(p.read_text()) for p in root.rglob("*.py")}
+    assert {k: v for k, v in found.items() if v and k != "methods.py"} == {}
+    assert _method_name_comparisons('if setting.method == "ngram":\n    pass\nok = "draft" in methods\n') == [1, 3]
+
+
+def test_the_tuner_tries_the_families_it_has_what_for():
+    assert methods.tuned_families() == ["ngram"]
+    assert methods.tuned_families(head="folder", draft_model="m") == ["ngram", "draft", "eagle3"]
+    assert methods.drafts("eagle3", "dynamic") and methods.drafts("ngram", "3,1,1") and methods.drafts("draft", "2,2")
+    assert not methods.drafts("ngram", "dynamic") and not methods.drafts("draft", "dynamic")
+    assert not methods.drafts("ar", "2,2")

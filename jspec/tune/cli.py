@@ -95,7 +95,7 @@ def _cmd_tune_profile(args) -> int:
 
 def _cmd_tune(args) -> int:
     """Probe, predict, measure and recommend for each batch size and temperature asked."""
-    from jspec.methods import parse
+    from jspec.methods import TUNED, needs_of, options_of, parse_tree
     from jspec.models.hub import load_model, shipped_head
     from jspec.prompts import load_prompts
     from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
@@ -118,21 +118,22 @@ def _cmd_tune(args) -> int:
     num_drafts = _int_list(args.num_draft, "--num-draft")
     trees = _trees(args.trees)
     for tree in trees:
-        parse("eagle3", tree=tree)  # a malformed tree is refused before anything loads
+        parse_tree(tree)  # a malformed tree is refused before anything loads
     wanted = None
     if args.methods:
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
-        unknown = sorted(set(wanted) - {"ngram", "eagle3", "draft"})
-        if unknown or not wanted:
-            raise ValueError(f"--methods takes drafter families among ngram, eagle3, draft; got {args.methods!r}.")
-        if "draft" in wanted and not args.draft_model:
-            raise ValueError("--methods draft needs --draft-model NAME.")
+        known = [m for m in TUNED if "num_draft" in options_of(m)]
+        if set(wanted) - set(known) or not wanted:
+            raise ValueError(f"--methods takes drafter families among {', '.join(known)}; got {args.methods!r}.")
+        for method in wanted:
+            if needs_of(method) == "draft_model" and not args.draft_model:
+                raise ValueError(f"--methods {method} needs --draft-model NAME.")
     prompts = load_prompts(args.prompts, args.category, args.limit, args.skip)
     mesh = mesh_from_args(args)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
     head = args.head
-    if wanted is not None and "eagle3" not in wanted:
+    if wanted is not None and not any(needs_of(m) == "head" for m in wanted):
         head = None
     elif head is None:
         try:
@@ -144,7 +145,7 @@ def _cmd_tune(args) -> int:
 
         head = load_eagle(head, model)  # read once, for every probe and candidate
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
-    if wanted is not None and "draft" not in wanted:
+    if wanted is not None and not any(needs_of(m) == "draft_model" for m in wanted):
         draft_model = None
     families = available_families(head=head, draft_model=draft_model)
     if wanted is not None and set(wanted) - set(families):

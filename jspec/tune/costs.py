@@ -354,34 +354,29 @@ def ensure_profile(target, model_name: str, drafters: Mapping[str, object], *, b
 
 def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7), trees=("dynamic",),
                      head=None, draft_model=None) -> dict[str, object]:  # fmt: skip
-    """The drafters a profile measures, by name: prompt lookup at each N; the EAGLE head (``head``, or
-    the one shipped for ``model_name``, if any) at each N and each tree; the draft model, if given,
-    at each N and each static tree."""
-    from jspec.methods import make_drafter, parse_tree
+    """The drafters a profile measures, by name (:func:`jspec.methods.label_of`): every family the tuner
+    tries (:func:`jspec.methods.tuned_families`: prompt lookup; the EAGLE head, ``head`` or the one shipped
+    for ``model_name``, if any; the draft model, if given) at each N and each tree it drafts."""
+    from jspec.head_formats import load_eagle
+    from jspec.heads import DraftHead
+    from jspec.methods import drafts, label_of, make_drafter, options_of, tuned_families
     from jspec.models.hub import shipped_head
-    from jspec.tree import StaticTree
 
-    drafters = {f"ngram:N={n}": make_drafter("ngram", target, num_draft=n) for n in num_drafts}
     if head is None:
         try:
             head = shipped_head(model_name, "eagle3")
         except ValueError:  # no head ships for this model: nothing to measure
             head = None
     if head is not None:
-        from jspec.head_formats import load_eagle
-        from jspec.heads import DraftHead
-
         head = head if isinstance(head, DraftHead) else load_eagle(head, target)  # read once for every N and tree
+    given = {"head": head, "draft_model": draft_model}
+    drafters = {}
+    for family in tuned_families(head=head, draft_model=draft_model):
+        options = {k: v for k, v in given.items() if k in options_of(family)}
         for n in num_drafts:
-            drafters[f"eagle3:N={n}"] = make_drafter("eagle3", target, num_draft=n, head=head)
-        for spec in trees:
-            drafters[f"eagle3:tree={spec}"] = make_drafter("eagle3", target, tree=spec, head=head)
-    if draft_model is not None:
-        for n in num_drafts:
-            drafters[f"draft:N={n}"] = make_drafter("draft", target, num_draft=n, draft_model=draft_model)
-        for spec in trees:
-            if isinstance(parse_tree(spec), StaticTree):
-                drafters[f"draft:tree={spec}"] = make_drafter("draft", target, tree=spec, draft_model=draft_model)
+            drafters[label_of(family, n)] = make_drafter(family, target, num_draft=n, **options)
+        for tree in (t for t in trees if drafts(family, t)):
+            drafters[label_of(family, tree=tree)] = make_drafter(family, target, tree=tree, **options)
     return drafters
 
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jspec.methods import drafts, tuned_families
 from jspec.tune.tuned import Recommendation, Setting, band_of
 
 __all__ = ["LEVEL", "available_families", "pick", "predict", "tokens_per_verify", "tune_cell"]
@@ -34,23 +35,15 @@ LEVEL = 0.95  # a drafter is recommended only when its speedup's interval at thi
 PLAIN = Setting("ar")
 
 
-def available_families(*, head=None, draft_model=None) -> list[str]:
-    """The drafter families a workload can try: prompt lookup always; EAGLE-3 with a head; the draft model."""
-    return ["ngram"] + (["eagle3"] if head is not None else []) + (["draft"] if draft_model is not None else [])
+available_families = tuned_families  # the drafter families a workload can try with a head, a draft model
 
 
 def _probes(families: Sequence[str], num_drafts: Sequence[int], trees: Sequence[str]) -> list[Setting]:
     """One chain at the longest N per family, and each tree a family drafts (as itself)."""
-    from jspec.methods import parse_tree
-    from jspec.tree import StaticTree
-
     out = []
     for family in families:
         out.append(Setting(family, num_draft=max(num_drafts)))
-        for tree in trees:
-            static = isinstance(parse_tree(tree), StaticTree)
-            if family == "eagle3" or (family == "draft" and static):
-                out.append(Setting(family, tree=tree))
+        out += [Setting(family, tree=tree) for tree in trees if drafts(family, tree)]
     return out
 
 
@@ -77,7 +70,7 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
     prefill = plain["prefill_seconds"]
     step = (plain["seconds"] - prefill) / max(plain["target_calls"] - plain["calls"], 1)  # one prefill per call
     verify, no_draft = probe["verify_steps"], probe["plain_steps"]
-    search = profile.drafters[setting.shape]["propose_ms"] / profile.step_ms if setting.method == "ngram" else 0.0
+    search = profile.drafters[setting.shape]["propose_ms"] / profile.step_ms  # paid on steps that found no draft
     if setting.tree is None:
         acceptance = probe["acceptance_by_position"]
         verify *= tokens_per_verify(acceptance, len(acceptance)) / tokens_per_verify(acceptance, setting.num_draft)
