@@ -428,9 +428,8 @@ def tree_text(tree) -> str | None:
     if tree is None:
         return None
     if isinstance(tree, DynamicTreeSpec):
-        default = DynamicTreeSpec()
-        same = (tree.top_k, tree.depth, tree.total) == (default.top_k, default.depth, default.total)
-        return "dynamic" if same else f"dynamic:top_k={tree.top_k},depth={tree.depth},total={tree.total}"
+        sizes = f"top_k={tree.top_k},depth={tree.depth},total={tree.total}"
+        return "dynamic" if tree == DynamicTreeSpec() else f"dynamic:{sizes}"
     if isinstance(tree, MeasuredTree):
         return "measured" if tree.max_nodes == DynamicTreeSpec.total else f"measured:total={tree.max_nodes}"
     if tree.branching is None:

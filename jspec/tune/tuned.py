@@ -17,6 +17,7 @@ import datetime
 import json
 import pathlib
 
+from jspec.adaptive import Adaptive, StepCosts
 from jspec.files import write_text
 from jspec.methods import TUNED, label_of, options_of, parse
 
@@ -85,8 +86,6 @@ class Setting:
     def decoder(self, target, *, eos_ids=(), mesh=None, model_name: str | None = None, head=None, draft_model=None):
         """The decoder that runs this setting: its method's spec (:mod:`jspec.methods`) with the head or
         draft model where the method takes one, adaptive with its step costs when the setting is."""
-        from jspec.adaptive import Adaptive, StepCosts  # jax; the settings themselves are read without it
-
         given = {"num_draft": self.num_draft, "tree": self.tree, "head": head, "draft_model": draft_model}
         spec = parse(self.method, **{k: v for k, v in given.items() if k in options_of(self.method)})
         adaptive = (Adaptive(), StepCosts.create(*self.costs)) if self.adaptive else (None, None)
