@@ -175,7 +175,6 @@ class PromptLookupSpec(DraftedSpec):
     tuned: ClassVar[bool] = True
     ngram_min: int = DEFAULTS.ngram_min
     ngram_max: int = DEFAULTS.ngram_max
-    trees: ClassVar = (StaticTree,)
     trees_said: ClassVar[str] = "trees of several continuations, M,1,...,1 (M paths of equal depth)"
 
     def __post_init__(self):
