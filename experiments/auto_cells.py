@@ -109,10 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     def decoder(setting: Setting):
         if setting not in decoders:
-            extra = {"head": head} if setting.method == "eagle3" else {}
-            extra |= {"draft_model": draft_model} if setting.method == "draft" else {}
-            decoders[setting] = make_decoder(setting.method, model, eos_ids=eos, model_name=args.model,
-                                             **setting.options(), **extra)  # fmt: skip
+            decoders[setting] = setting.decoder(model, eos_ids=eos, model_name=args.model, head=head,
+                                                draft_model=draft_model)  # fmt: skip
         return decoders[setting]
 
     run_args = {k: str(v) for k, v in vars(args).items() if k != "out"}
