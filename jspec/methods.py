@@ -44,7 +44,8 @@ from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree, parse_tree, tr
 __all__ = [
     "DEFAULTS", "METHODS", "TUNED", "AutoSpec", "Defaults", "DraftModelSpec", "DraftedSpec", "Eagle1Spec", "Eagle3Spec",
     "LookaheadSpec", "MedusaSpec", "MethodSpec", "PlainSpec", "PromptLookupSpec", "drafts", "from_json", "label_of",
-    "make_drafter", "needs_of", "options_of", "parse", "parse_all", "parse_tree", "tree_text", "tuned_families",
+    "make_drafter", "needs_of", "options_of", "parse", "parse_all", "parse_tree", "register", "tree_text",
+    "tuned_families",
 ]  # fmt: skip
 
 
@@ -314,6 +315,15 @@ METHODS = tuple(_SPECS)  # every method name, "auto" last
 TUNED = tuple(n for n, s in _SPECS.items() if s.tuned)  # what jspec tune measures and auto runs
 
 
+def register(spec: type[MethodSpec]) -> type[MethodSpec]:
+    """Adds a method (its spec class, named by ``spec.name``) to what :func:`parse` and everything built
+    on it know; usable as a class decorator. A name already taken is refused."""
+    if spec.name in _SPECS:
+        raise ValueError(f"method {spec.name!r} exists already ({_SPECS[spec.name].__name__}).")
+    _SPECS[spec.name] = spec
+    return spec
+
+
 def options_of(method: str) -> tuple[str, ...]:
     """The options ``method`` takes."""
     return tuple(f.name for f in dataclasses.fields(_spec_class(method)))
@@ -391,7 +401,7 @@ def label_of(method: str, num_draft: int | None = None, tree=None) -> str:
 
 
 def from_json(data) -> MethodSpec:
-    """The spec :meth:`Method.to_json` wrote."""
+    """The spec :meth:`MethodSpec.to_json` wrote."""
     if not isinstance(data, dict) or not isinstance(data.get("method"), str):
         raise ValueError(f"a method spec is an object with a method name; got {data!r}.")
     return parse(data["method"], **{k: v for k, v in data.items() if k != "method"})

@@ -82,7 +82,10 @@ class EveryOtherSpec(methods.DraftedSpec):
 
 def test_a_new_drafter_is_its_file_and_its_spec(monkeypatch):
     """Registering the spec is all jspec.make_decoder, Speculator and the JSON round trip need."""
-    monkeypatch.setitem(methods._SPECS, EveryOtherSpec.name, EveryOtherSpec)
+    monkeypatch.setattr(methods, "_SPECS", dict(methods._SPECS))  # the registry as it was, after the test
+    assert methods.register(EveryOtherSpec) is EveryOtherSpec
+    with pytest.raises(ValueError, match="method 'every-other' exists already"):
+        methods.register(EveryOtherSpec)
     target = tiny_model("qwen2", seed=0, num_layers=1)
     decoder = jspec.make_decoder("every-other", target, num_draft=3)
     assert decoder.drafter.num_draft == 2

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -145,6 +146,11 @@ class DatasetName:
     def __str__(self) -> str:
         return self.spec
 
+    @functools.cached_property
+    def dataset(self):
+        """:meth:`open`'s dataset, loaded once (hashing and reading share it)."""
+        return self.open()
+
     def open(self):
         """The split as a ``datasets.Dataset`` backed by its cache files."""
         datasets = _datasets_package(f"--dataset {self}")
@@ -175,7 +181,7 @@ def read_rows(path) -> tuple[list[tuple[int, list[dict]]], dict[str, list[int]]]
 
 def _parsed(path):
     if isinstance(path, DatasetName) or path.is_dir():
-        for number, row in enumerate(path.open() if isinstance(path, DatasetName) else _dataset(path), 1):
+        for number, row in enumerate(path.dataset if isinstance(path, DatasetName) else _dataset(path), 1):
             yield number, parse_row(row)
         return
     with open(path, encoding="utf-8", errors="strict") as f:
@@ -215,7 +221,7 @@ def _content_hash(path) -> str:
     """SHA-256 of a file, of a folder's files (names and bytes, in name order), or of a named dataset's
     split (its name and its cache files' bytes)."""
     if isinstance(path, DatasetName):
-        files = [pathlib.Path(f["filename"]) for f in path.open().cache_files]
+        files = [pathlib.Path(f["filename"]) for f in path.dataset.cache_files]
         return _files_hash({f"{path.split}/{i}": f for i, f in enumerate(files)})
     if not path.is_dir():
         return hashlib.sha256(path.read_bytes()).hexdigest()
