@@ -175,8 +175,10 @@ class DraftHead(nnx.Module):
         self.w_gate_up = param(2 * F, H)
         self.w_down = param(H, F)
 
-    def init_cache(self, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
+    def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
+        """An empty one-layer cache; its dtype defaults to the head's weights'."""
         c = self.config
+        dtype = self.wo[...].dtype if dtype is None else dtype
         return KVCache.create(1, batch, capacity, c.num_kv_heads, c.head_dim, dtype)
 
     def fuse(self, features) -> jax.Array:

@@ -362,7 +362,8 @@ class Transformer(nnx.Module):
                     return written["k"], written["v"]
 
                 layer_mask = jnp.where(is_sliding, local_mask, mask) if c.layer_types else mask
-                x = decoder_layer(c, p, x, write, positions, layer_mask, inv_freq=inv_freq)
+                # The carry keeps its dtype even where a cache of another dtype promotes the attention.
+                x = decoder_layer(c, p, x, write, positions, layer_mask, inv_freq=inv_freq).astype(x.dtype)
                 return x, (written["k"], written["v"], x if hidden_layers else None)
 
             xs = (self.layers.arrays(), cache.k, cache.v, freqs, sliding)
@@ -401,6 +402,8 @@ class Transformer(nnx.Module):
         key_pos = jnp.where(slot < lengths[:, None], slot, jnp.take_along_axis(positions, new, axis=1))
         return mask & (key_pos[:, None, :] > positions[:, :, None] - self.config.sliding_window)
 
-    def init_cache(self, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
+    def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
+        """An empty cache; its dtype defaults to the weights' (a bfloat16 model keeps a bfloat16 residual)."""
         c = self.config
+        dtype = self.embed[...].dtype if dtype is None else dtype
         return KVCache.create(c.num_layers, batch, capacity, c.num_kv_heads, c.head_dim, dtype)

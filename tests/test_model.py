@@ -159,3 +159,19 @@ def test_config_errors():
         Transformer(tiny_config(), rngs=nnx.Rngs(0), layer_loop="vmap")
     with pytest.raises(ValueError, match="capacity"):
         KVCache.create(1, 1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("loop", ["unrolled", "scan"])
+def test_bfloat16_weights_keep_bfloat16_caches_in_both_layer_loops(loop):
+    """An accelerator's default (bfloat16 weights, scanned layers) traces: a float32 cache promoted the
+    residual stream, which lax.scan refused as a carry and unrolled layers silently ran in float32."""
+    from jspec.heads import DraftHead, HeadConfig
+
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0), dtype=jnp.bfloat16, layer_loop=loop)
+    out = model(jnp.array([[5, 6, 7]]), _positions(1, 0, 3), model.init_cache(1, 8), hidden_layers=(0, 2))
+    assert out.cache.k.dtype == out.cache.v.dtype == jnp.bfloat16
+    assert all(h.dtype == jnp.bfloat16 for h in out.hidden_states) and out.logits.dtype == jnp.float32
+    config = HeadConfig.for_target(model.config, "eagle3", draft_vocab_size=32, feature_layers=(0, 1, 2))
+    head = DraftHead(config, rngs=nnx.Rngs(1), dtype=jnp.bfloat16)
+    assert head.init_cache(1, 8).k.dtype == jnp.bfloat16
+    assert model.init_cache(1, 8, jnp.float32).k.dtype == jnp.float32  # an explicit dtype still wins
