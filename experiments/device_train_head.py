@@ -30,6 +30,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import sys
 import time
 
@@ -142,20 +143,21 @@ def _cmd_train(args) -> dict:
     report |= {"data_s": time.perf_counter() - t1, "examples": len(data["tokens"]),
                "response_tokens": int(data["mask"].sum())}  # fmt: skip
 
-    # Steps that fit: two throwaway runs of 2 and 2 + P steps (each call compiles once; the difference
-    # is P steps), then the real run sized once, its own compilation counted.
+    # Steps that fit: one throwaway run of 2 + P steps, timed step by step by the trainer (the first
+    # step compiles), then the real run sized once, its own compilation counted. (Two runs of different
+    # lengths, differenced, measured nothing: the second compiled from the persistent cache, so on the
+    # first H200 run the difference came out negative and 20,000 steps "fit" a 330-second budget.)
     probe = work / "probe"
-    calls = []
-    for steps in (2, 2 + args.probe_steps):
-        shutil.rmtree(probe, ignore_errors=True)
-        _, rep = train_head(target, tokenizer, _recipe(args, 10**6), probe, model_name=MODEL, data_dir=work / "data",
-                            progress=False, until=steps)  # fmt: skip
-        calls.append(rep["train_seconds"])
-    step_s = max(calls[1] - calls[0], 1e-3 * args.probe_steps) / args.probe_steps
-    compile_s = max(calls[0] - 2 * step_s, 0.0)
+    shutil.rmtree(probe, ignore_errors=True)
+    _, rep = train_head(target, tokenizer, _recipe(args, 10**6), probe, model_name=MODEL, data_dir=work / "data",
+                        progress=False, until=2 + args.probe_steps)  # fmt: skip
+    steady = rep["step_seconds"][2:]
+    step_s = statistics.median(steady)
+    compile_s = rep["step_seconds"][0]
     left = args.budget_s - (time.perf_counter() - t0) - args.reserve_s - compile_s
     total = max(args.min_steps, min(args.max_steps, int(left / step_s)))
-    report |= {"step_s": step_s, "compile_s": compile_s, "total_steps": total}
+    report |= {"step_s": step_s, "probe_step_seconds": rep["step_seconds"], "compile_s": compile_s,
+               "total_steps": total}  # fmt: skip
     print(f"training: {step_s * 1000:.1f} ms per step, {total} steps fit the budget", file=sys.stderr)
 
     t2 = time.perf_counter()

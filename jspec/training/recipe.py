@@ -273,6 +273,7 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         "resumed_from": resumed_from,
         "steps": trainer.step,
         "final": history[-1] if history else None,
+        "step_seconds": [row["seconds"] for row in history],  # each step's wall time, the first compiling
     }
     if recipe.kind == "medusa" and trainer.step >= recipe.train.total_steps:
         from jspec.training.medusa import rank_rates
