@@ -231,13 +231,15 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"jax": jax.__version__, "backend": jax.default_backend(), "device_kind": device.device_kind,
               "device_count": jax.device_count(), "peak_hbm_gbps": peak_bandwidth(device.device_kind),
               "shapes": {}}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
     for name in shapes:
         if not budget.left():
             report["shapes"][name] = {"skipped": ["everything: the budget ran out"]}
             continue
         report["shapes"][name] = measure(name, args, budget)
         jax.clear_caches()
-    args.out.mkdir(parents=True, exist_ok=True)
+        # Written after every shape: a lease that ends mid-run still returns what was measured.
+        (args.out / "device_check.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "device_check.json").write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report, indent=1, default=str))
     return report

@@ -76,10 +76,12 @@ def run_cli(method: str, xla: pathlib.Path, tokens: int, env: dict, work: pathli
     model, options = METHODS[method]
     if method == "medusa":
         options = [*options, "--head", str(medusa_head(work))]
-    cmd = [str(pathlib.Path(sys.executable).with_name("jspec")), "generate", "--model", model, "--chat",
+    script = pathlib.Path(sys.executable).with_name("jspec")  # the installed command, else the module
+    launch = [str(script)] if script.exists() else [sys.executable, "-m", "jspec.cli"]
+    cmd = [*launch, "generate", "--model", model, "--chat",
            "--max-new-tokens", str(tokens), "--json", "--prompt", PROMPT, *options]  # fmt: skip
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env | {"JSPEC_XLA_CACHE": str(xla)})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env | {"JSPEC_XLA_CACHE": str(xla)}, cwd=xla)
     wall = time.time() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:], "wall_s": wall}
@@ -100,7 +102,7 @@ def run_cli(method: str, xla: pathlib.Path, tokens: int, env: dict, work: pathli
 def run_api(method: str, xla: pathlib.Path, tokens: int, env: dict) -> dict:
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", API, method, PROMPT, str(tokens)], capture_output=True, text=True,
-                          env=env | {"JSPEC_XLA_CACHE": str(xla)})  # fmt: skip
+                          env=env | {"JSPEC_XLA_CACHE": str(xla)}, cwd=xla)  # fmt: skip
     wall = time.time() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:], "wall_s": wall}
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
-    args.work.mkdir(parents=True, exist_ok=True)
+    args.work = args.work.resolve()  # the runs start in their own folders: a checkout's jspec/ never shadows the
+    args.work.mkdir(parents=True, exist_ok=True)  # installed package (python -m and -c put the working folder first)
     env = dict(os.environ) | {"JSPEC_PROGRESS": "0"}
     if args.layer_loop:
         env["JSPEC_LAYER_LOOP"] = args.layer_loop
@@ -166,6 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
         "cli": {},
         "api": {},
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(args.out.read_text()) if args.out.exists() else []
+    runs = previous if isinstance(previous, list) else [previous]
+
+    def save():  # after every run: a process stopped by a time limit keeps what it measured
+        args.out.write_text(json.dumps([*runs, result], indent=1) + "\n")
+
     for kind, names in (("cli", methods), ("api", [m for m in args.api.split(",") if m])):
         for method in names:
             xla = pathlib.Path(tempfile.mkdtemp(prefix=f"xla-{kind}-{method}-", dir=args.work))
@@ -175,14 +185,12 @@ def main(argv: list[str] | None = None) -> dict:
                         run_api(method, xla, args.tokens, env)  # fmt: skip
                     result[kind].setdefault(method, {})[phase] = run
                     print(kind, method, phase, json.dumps(run), flush=True)
+                    save()
             finally:
                 shutil.rmtree(xla, ignore_errors=True)
     if args.stream_cost:
         result["stream_cost"] = stream_cost()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(args.out.read_text()) if args.out.exists() else []
-    runs = previous if isinstance(previous, list) else [previous]
-    args.out.write_text(json.dumps([*runs, result], indent=1) + "\n")
+    save()
     return result
 
 
