@@ -10,6 +10,13 @@
 #   .devcarry/parts/  the verified SmolLM2 GGUF in two parts (device_train_head.py split), one per call
 #   .devcarry/cache/  the prompt-set wheels (MT-bench, HumanEval) for the held-out scoring
 # The machine keeps /tmp between calls while it stays warm, so the parts gather in $STORE.
+# Call 1 fits 64 MiB only without the shipped head (19 MiB of the tree): before it, take the head out of
+# the index and the tree (`git rm -q --cached F && mv F /tmp/`, F = models/heads/smollm2-135m-eagle3/
+# head.safetensors); put it back (`mv /tmp/head.safetensors F && git add F`) before call 2, which
+# scores the new head against it. The machine goes back 30 s after a call: send call 2 at once.
+# 2026-12-04: call 1 `CHECK_BUDGET=110 CHECK_TIMEOUT=185 ... check` (timeout_s 230, carry .devcarry/whl and
+# the part00 and manifest), call 2 `TRAIN_BUDGET=330 TRAIN_TIMEOUT=395 STARTUP_TIMEOUT=140 ... train`
+# (timeout_s 560, carry .devcarry/whl, .devcarry/cache, part01 and the manifest).
 set -uo pipefail
 STAGE=${1:?check, train or pack}
 STORE=${STORE:-/tmp/jspec-device}
