@@ -32,7 +32,7 @@ test: setup
 	$(BIN)/ruff format --check .
 	# Two workers, each test file on one of them (its module fixtures compile once): one process kept
 	# 1.4 of the 2 cores busy; two took 0.54 s of wall time per CPU-second of work against 0.73
-	# (the suite in 1,275-1,671 s alone against 1,913 s: BENCHMARKS.md, make test in two processes).
+	# (the suite in 1,275-1,671 s alone against 1,913 s: docs/log, make test in two processes).
 	$(BIN)/python -m pytest -m "not slow" -n 2 --dist loadfile --durations=15
 
 # Executes every notebook in place with a Jupyter kernel: the outputs and plots GitHub and Colab show.

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         if all((workload, t) in done for t in temperatures):
             continue
         # XLA on CPU maps each compiled program into memory regions of its own (65,530 per process):
-        # drop every workload's programs before the next (a full run died there once, BENCHMARKS.md).
+        # drop every workload's programs before the next (a full run died there once, docs/log).
         decoders.clear()
         auto = runs_for = None  # the last workload's decoders, and their programs, go too
         gc.collect()

@@ -21,7 +21,7 @@ in its own subprocess per engine:
   or with ``prompt_lookup_num_tokens=N``.
 
 First turns of MT-bench and HumanEval prompts, each with the chat template.
-Writes ``bench_spec.json`` to --out and prints the tables BENCHMARKS.md keeps.
+Writes ``bench_spec.json`` to --out and prints the tables the log (docs/log/) keeps.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def worker_jspec(setup: dict, args) -> dict:
     results: dict = {}
     for name, prompt_ids in ids.items():
         # Fresh decoders per prompt set, the last set's compiled loops freed first: holding every
-        # loop of two Qwen models for every bucket ran the compiler out of memory (BENCHMARKS.md).
+        # loop of two Qwen models for every bucket ran the compiler out of memory (docs/log).
         decoders = None
         jax.clear_caches()
         gc.collect()

@@ -19,7 +19,7 @@ Reported per drafter quality:
 * for [2, 2, 2], how often the accepted path reaches each of its 8 leaves, and
   how often each depth is reached.
 
-Writes ``tree_toy.json`` to --out and prints the tables BENCHMARKS.md keeps.
+Writes ``tree_toy.json`` to --out and prints the tables the log (docs/log/) keeps.
 """
 
 from __future__ import annotations

@@ -164,8 +164,8 @@ def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_toke
     still serves many requests), never more than the two buckets P + M, never less than P.
 
     Each step attends over every slot, and the buckets of prompt and budget can both be near
-    twice what a request needs: a batch of 32 decoding SmolLM2 on CPU-2 took 378 ms per step
-    with 512 slots and 233 ms with 256 (``experiments/batch_decode_cost.py``).
+    twice what a request needs, so a step's cost grows with the slots kept
+    (``experiments/batch_decode_cost.py`` measures it).
     """
     return min(prompt_len + max_new, max(prompt_len, bucket(longest_prompt + max_new_tokens)))
 
@@ -199,8 +199,7 @@ def max_compiled() -> int:
 
 def _compile_stream(jitted, args, mesh: Mesh | None) -> Programs:
     """Lowers the start and the resume, then compiles them at once in two threads (XLA releases the
-    GIL): on CPU-2 SmolLM2's plain pair compiled in 8.0-8.2 s one after the other and 7.3-7.5 s side
-    by side, prompt lookup's in 12.2-12.6 s and 10.1-10.7 s (alternated, 2026-12-03). Over a mesh
+    GIL), which shortens a cold start (docs/log, 2026-12-03, time to first token). Over a mesh
     the resume takes the shardings the start's compilation chose, so it waits for it."""
     steps = jax.ShapeDtypeStruct((), jnp.int32)
     if mesh is not None:

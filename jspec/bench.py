@@ -82,8 +82,8 @@ def run_interleaved(
 
     Taking turns spreads drift in the machine's speed (it is shared) over all
     decoders alike, so their ratios stay meaningful; the order rotates from batch to batch, so
-    that no decoder always runs right after the same one (one program measured twice in a fixed
-    order, once right after the EAGLE-3 head: 1.034x apart; rotating, 0.977x; BENCHMARKS.md). Each decoder is warmed up
+    that no decoder always runs right after the same one (a fixed order biases the one that follows a
+    heavy program: docs/log, "The order of decoders"). Each decoder is warmed up
     first (:func:`warm_up`); compilation is reported apart, never timed.
 
     Args:

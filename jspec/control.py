@@ -2,10 +2,9 @@
 
 ``lax.cond`` and ``lax.switch`` copy the buffers their branches write: XLA gives a conditional's
 branches their own output buffers, so a KV cache written in a branch is copied before the write and
-again into the loop's carry after it. Measured on XLA CPU by ``experiments/branch_copies.py`` (a loop
-whose step writes one slot per row of a cache, k and v of 53 MB each, in one of two branches, then reads
-it): four copies of them per step with ``lax.cond``, none with the forms here; in the prompt-lookup and
-draft-model loops of a tiny target, 6 and 12 copies of the caches, none here (BENCHMARKS.md). A
+again into the loop's carry after it (``experiments/branch_copies.py`` counts the copies in the compiled
+programs: several per step with ``lax.cond``, none with the forms here; docs/log, "The loops' branches
+copied the KV caches"). A
 ``lax.while_loop`` updates its carry in place, so each branch here is a loop that runs zero times or
 once: the same values, and the buffers stay where they are on every backend.
 

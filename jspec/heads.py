@@ -135,7 +135,7 @@ class DraftHead(nnx.Module):
 
     def __init__(self, config: HeadConfig, *, rngs: nnx.Rngs | None, dtype=jnp.float32):
         """``rngs=None`` leaves the matrices at zero, for a head whose weights are read next (drawing
-        random ones would compile and run an initializer per shape: ~3 s of a load on CPU-2)."""
+        random ones would compile and run an initializer per shape, for nothing)."""
         c = config
         self.config = c
         H, F, D, K = c.hidden_size, c.intermediate_size, c.head_dim, c.draft_vocab_size
@@ -282,7 +282,7 @@ class DraftHead(nnx.Module):
         on the last feature layer's block, so the fused feature starts as that layer's hidden state;
         the output layer and final norm become the target's for the draft vocabulary. The head then
         starts from where the target goes next rather than from noise: with little data it learns
-        faster (BENCHMARKS.md, "warm start"). A target with qkv biases keeps only its weights; from a
+        faster (measured: docs/log, "warm start"). A target with qkv biases keeps only its weights; from a
         target with query/key norms, sandwich norms or GeGLU (Qwen3, Gemma 3) the copy is only a start.
         """
         c = self.config

@@ -142,9 +142,9 @@ class DynamicTreeSpec:
     """EAGLE-2's knobs (see :func:`grow_dynamic_tree`): children per expanded node and nodes
     expanded per depth (``top_k``), ``depth``, and nodes kept (``total``, the root included).
 
-    The defaults (4, 3, 8) are the size that ran fastest on a 2-core CPU with SmolLM2
-    (BENCHMARKS.md, draft trees); where a forward over many tokens costs little more than
-    one (a GPU), larger trees pay (the EAGLE-2 paper uses 10, 6, 60).
+    The defaults (4, 3, 8) suit a device where a forward over many tokens costs several
+    one-token steps (a CPU; docs/log, draft trees); where it costs little more than one
+    (a GPU), larger trees pay (the EAGLE-2 paper uses 10, 6, 60).
     """
 
     top_k: int = 4

@@ -20,7 +20,7 @@ _OFF = ("0", "off", "false", "no")
 
 def enable_compilation_cache(force: bool = False) -> pathlib.Path | None:
     """Keeps compiled loops on disk, so that a second process finds them instead of compiling again
-    (a warm ``jspec generate`` compiles SmolLM2's loops in ~2-5 s instead of 10-20 s on CPU-2).
+    (a warm ``jspec generate`` reads its loops back instead of compiling them).
 
     On by default: every loop's first compilation calls it (once per process). The folder is
     ``$JSPEC_CACHE/xla``; ``JSPEC_XLA_CACHE`` set to a folder uses that one, and to ``0`` turns the

@@ -6,7 +6,7 @@ beyond that (QKV bias, query/key norms, (1 + w) and sandwich norms, a scaled emb
 sliding-window layers with their own RoPE base, RoPE scaling). The layer weights are stacked
 along a leading L axis, so the same parameters serve an unrolled Python loop over layers and a
 ``lax.scan``; which one runs is chosen per backend in :func:`layer_loop_for_backend`, the only
-place that knows (measured in BENCHMARKS.md).
+place that knows.
 
 The KV cache is not part of the module: :meth:`Transformer.__call__` takes a
 :class:`jspec.cache.KVCache` and returns the new one.
@@ -79,10 +79,9 @@ def _expand(w: jax.Array, ndim: int) -> jax.Array:
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] times w [out, in] -> [..., out], with the weight as the left operand of the dot.
 
-    Measured on XLA CPU (BENCHMARKS.md, weight layout): with the weight on the
-    left and contracted along its contiguous axis, a forward over a few tokens
-    (a verify step) cost up to 1.7x less than ``x @ w`` for the large matrices,
-    and the matrix-vector product of a long contraction up to 2x less.
+    The weight on the left, contracted along its contiguous axis, is the layout XLA CPU ran
+    fastest for a forward over a few tokens (a verify step) and for the matrix-vector products
+    of decoding (docs/log, "weight layout [out, in]").
     """
     out = jax.lax.dot_general(w, x, (((1,), (x.ndim - 1,)), ((), ())))  # [out, ...]
     return jnp.moveaxis(out, 0, -1)

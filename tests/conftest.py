@@ -9,7 +9,7 @@ def xla_flags(devices: int = 1) -> str:
 
     Tests spend most of their time compiling small programs and little running them: at LLVM's
     level 0 a tiny model's engine test compiled and ran in 11.5 s against 18.0 s, a SmolLM2 prompt
-    lookup test in 22.3 s against 26.6 s (BENCHMARKS.md, make test at XLA's level 0). The programs
+    lookup test in 22.3 s against 26.6 s (docs/log, make test at XLA's level 0). The programs
     are the same HLO; only the machine code is less optimized. Users run XLA's default.
     """
     return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"

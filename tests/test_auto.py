@@ -1,5 +1,5 @@
 """The workload tuner and --method auto: predictions, the recommendation rule, tuned configs and their
-bad inputs, and the auto decoder's exactness (tiny models; the real-model run is in BENCHMARKS.md)."""
+bad inputs, and the auto decoder's exactness (tiny models; the real-model run is in docs/log)."""
 
 import dataclasses
 import json

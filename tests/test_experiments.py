@@ -246,7 +246,7 @@ def test_device_train_head_tiny(tmp_path, monkeypatch):
 
 def test_load_memory_tiny(tmp_path, monkeypatch, capsys):
     """The sharded random folder loads through jspec's own loader (as the Hub writes one) and the report
-    holds what BENCHMARKS records."""
+    holds what the log (docs/log/) records."""
     script = _load("load_memory")
     out = tmp_path / "runs.json"
     argv = [

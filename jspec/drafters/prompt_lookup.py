@@ -20,9 +20,8 @@ class PromptLookup:
     Tries n = max_ngram down to min_ngram and takes the longest suffix that
     occurred before; the draft is what followed it (as far as the text goes).
     No model, so the drafts are deterministic (verified as one-hot distributions). The
-    default min_ngram of 2 skips matches of one repeated token: on SmolLM2 and
-    HumanEval they were accepted a third as often as longer ones and made a
-    verify step cost more than it gained (BENCHMARKS.md, prompt lookup n-grams).
+    default min_ngram of 2 skips matches of one repeated token, which are accepted
+    far less often than longer ones (measured: docs/log, prompt lookup n-grams).
 
     With ``num_paths`` > 1 it drafts a tree: the continuations of up to that
     many matches (longer n-grams first, then later ones) whose first tokens

@@ -159,7 +159,7 @@ def _cmd_train(args) -> int:
             features=args.features,
         )  # fmt: skip
     # --tiny runs each program for seconds, so compiling dominates: layers in a scan compile once
-    # (cold run 51 s, against 72 s with the CPU's default unrolled layers; BENCHMARKS.md).
+    # (the measured trade-off: docs/log, "`jspec train eagle3 --tiny` under a minute").
     mesh = mesh_from_args(args)  # joins the other processes (--coordinator) before anything loads
     data_axis = 1 if mesh is None else mesh.shape["data"]
     if recipe.train.batch_size % data_axis:

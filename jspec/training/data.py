@@ -131,7 +131,7 @@ def _source_lines(text: str) -> list[str]:
 
 def _source_segment(lines: list[str], node: ast.AST) -> str:
     """``ast.get_source_segment(text, node)`` from the file's lines split once (that function
-    splits the whole file again on every call: 110 s of the 120 s the stdlib prompts took)."""
+    splits the whole file again on every call, quadratic in the file's length)."""
     first, last = node.lineno - 1, node.end_lineno - 1
     start, end = node.col_offset, node.end_col_offset
     if first == last:
