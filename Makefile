@@ -40,7 +40,7 @@ notebooks: setup
 	$(BIN)/python notebooks/execute.py
 
 docs: setup  # the command-line reference, from the parsers
-	$(BIN)/python -c "from jspec.cli import reference; print(reference())" > docs/cli.md
+	$(BIN)/python -c "from jspec.cli.main import reference; print(reference())" > docs/cli.md
 
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow"

@@ -105,8 +105,8 @@ def train_cell(cell, args, target, data, stored_layers, folder: pathlib.Path):
     import numpy as np
     from flax import nnx
 
-    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
-    from jspec.medusa import MedusaConfig, MedusaHeads
+    from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.heads.medusa import MedusaConfig, MedusaHeads
     from jspec.training.trainer import TrainConfig, Trainer
 
     kind = cell["kind"]
@@ -146,10 +146,10 @@ def score_cell(cell, head, args, target, tokenizer, data, prompt_ids) -> dict:
     """Held-out agreement per position, τ from a short greedy decode, and the predicted speedup."""
     import numpy as np
 
-    from jspec.bench import run_prompts
+    from jspec.analysis.bench import run_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import EagleDrafter, MedusaDrafter
-    from jspec.engine import SpeculativeDecoder
-    from jspec.sampling import SamplingParams
+    from jspec.loop.engine import SpeculativeDecoder
     from jspec.training.loss import teacher_forced_agreement
     from jspec.training.medusa import rank_rates
     from jspec.tune.costs import drafter_step_costs
@@ -229,7 +229,7 @@ def _table(report: dict) -> str:
 
 
 def _plot(report: dict, path: pathlib.Path) -> None:
-    from jspec.cli_common import figure
+    from jspec.cli.common import figure
 
     fig = figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
     todo = [c for c in cells(grid) if cell_name(c) not in report["cells"] or args.rescore]
     print(f"{len(cells(grid)) - len(todo)} cell(s) kept from {path}; {len(todo)} to run", file=sys.stderr)
 
+    from jspec.analysis.prompts import load_prompts
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
 
     target, tokenizer = load_model(args.model)
     data, stored_layers = _data(args, target, tokenizer)

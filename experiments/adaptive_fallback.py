@@ -5,7 +5,7 @@
         [--tiny]
 
 For each prompt set and temperature, every decoder runs every prompt at batch 1, taking turns
-prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding; prompt lookup and the
+prompt by prompt (:func:`jspec.analysis.bench.run_interleaved`): plain decoding; prompt lookup and the
 shipped EAGLE-3 head with N drafts every step (fixed); the same drafters with the adaptive policy
 and the step costs of this machine's cost profile (:mod:`jspec.tune`, measured or reused); and,
 for the overhead of the adaptive machinery, the same with speculation made free (it then
@@ -13,7 +13,7 @@ speculates every step, like the fixed loop, and differs only by its bookkeeping)
 the opposite: speculation made so dear that the loop never speculates nor probes (every step is the
 fallback: what falling back costs against plain decoding, and against fixed prompt lookup on
 prompts where it finds no match). Every speedup carries a 95% interval, paired over the prompts
-(:func:`jspec.bench.speedup_interval`). With
+(:func:`jspec.analysis.bench.speedup_interval`). With
 ``--widths``, the EAGLE-3 head also runs with an adaptive draft length (the chain verified at one
 of those widths or the full N + 1 per step, from the head's confidence and the measured r(w)),
 beside fixed chains as long as each width.
@@ -44,16 +44,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.adaptive import Adaptive, StepCosts
-    from jspec.bench import run_interleaved, speedup_interval
-    from jspec.decode import Decoder
-    from jspec.engine import SpeculativeDecoder
+    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.adaptive import Adaptive, StepCosts
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.methods import make_drafter
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
     from jspec.tune.costs import load_profile, measure_profile, profile_path, save_profile
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     if args.tiny:

@@ -7,11 +7,11 @@
 
 For each workload: ``jspec tune`` on a slice of its prompts (``--tune-skip`` on, ``--tune-limit``
 prompts), then, on the first ``--limit`` prompts (never tuned on), every decoder runs every prompt,
-taking turns prompt by prompt (:func:`jspec.bench.run_interleaved`): plain decoding, fixed settings
+taking turns prompt by prompt (:func:`jspec.analysis.bench.run_interleaved`): plain decoding, fixed settings
 (prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and dynamic tree, the draft
 model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the tuned config.
 Reports per cell (workload x temperature): auto over plain with its 95% interval (a paired
-t interval over the prompts, :func:`jspec.bench.speedup_interval`), auto over the best fixed
+t interval over the prompts, :func:`jspec.analysis.bench.speedup_interval`), auto over the best fixed
 setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
 predicted against measured speedups; and the goals over all cells: auto never measurably slower
 than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean
@@ -34,7 +34,7 @@ from contextlib import redirect_stdout
 
 
 def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.Path) -> dict:
-    from jspec.cli import main as cli
+    from jspec.cli.main import main as cli
 
     argv = ["tune", "--model", args.model, "--prompts", prompts, "--skip", str(args.tune_skip),
             "--temperature", args.temperatures, "--batch", str(args.batch), "--out", str(out), "--json"]  # fmt: skip
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
+    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
-    from jspec.bench import run_interleaved, speedup_interval
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model, shipped_head
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
     from jspec.tune.tuned import Setting, TunedConfig
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     args.out.mkdir(parents=True, exist_ok=True)

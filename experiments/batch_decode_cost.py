@@ -9,7 +9,7 @@ timed at several capacities (half of it filled; the cache donated, as in the dec
 and the attention's two products alone, for one layer, beside the time it takes just to read
 that layer's keys. With ``--generate B``, one batch of B training prompts is decoded as
 ``jspec.training.data.generate_examples`` does (stdlib prompts, 160 new tokens within 256), with the
-cache the two buckets add up to and with the one :func:`jspec.batching.cache_slots` picks, taking
+cache the two buckets add up to and with the one :func:`jspec.loop.batching.cache_slots` picks, taking
 turns. Writes ``batch_decode_cost.json`` to --out.
 """
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.decode import jit_forward
+from jspec.loop.decode import jit_forward
 from jspec.models.hub import load_model
 
 __all__ = ["attention_parts", "generate_cost", "step_cost"]
@@ -77,9 +77,9 @@ def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dic
 
 def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int = 256, max_new: int = 160) -> dict:
     """Seconds to decode one batch of training prompts with each cache size (greedy, same tokens)."""
-    from jspec.batching import LoopConfig, batch_inputs, compile_loop, drive
-    from jspec.decode import PlainLoop, plain_loop
-    from jspec.sampling import SamplingParams
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.batching import LoopConfig, batch_inputs, compile_loop, drive
+    from jspec.loop.decode import PlainLoop, plain_loop
     from jspec.training.data import fitting_prompts, stdlib_prompts
 
     prompts = sorted(fitting_prompts(tokenizer, stdlib_prompts(), seq_len - 64, 4 * batch), key=len)

@@ -6,7 +6,7 @@ model's prediction, and the batch where speculation stops paying on this machine
         [--out experiments/out] [--tiny]
 
 At each batch size B the same B prompts (MT-bench, repeated to fill the batch) run through every decoder,
-taking turns (:func:`jspec.bench.run_interleaved`). The prediction for a method at batch B uses what was
+taking turns (:func:`jspec.analysis.bench.run_interleaved`). The prediction for a method at batch B uses what was
 measured at that batch, with the run's cache size (prompts padded to P, P + max-new-tokens slots): f_B, a
 one-token forward of B rows; r_B(w), a w-token forward over f_B; c_B, the drafter's propose and commit over
 f_B; and F_B, the target's prefill of the B padded prompts, which every decoder pays once per call. With
@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
         args.batches, args.max_new_tokens, args.methods, args.temperature = [1, 2], 8, "ngram", "0"
 
     import jspec
-    from jspec.batching import bucket
-    from jspec.bench import forget_compiled, run_interleaved
+    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.batching import bucket
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost, prefill_cost
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tok = load_model(args.model)
@@ -128,7 +128,7 @@ def write_report(args, cells: list[dict], methods: list[str]) -> dict:
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
-    from jspec.cli_common import figure
+    from jspec.cli.common import figure
 
     temps = sorted({c["temperature"] for c in report["cells"]})
     fig = figure(figsize=(5 * len(temps), 3.5))

@@ -59,8 +59,8 @@ def worker_jspec(model_name: str, batches: list[int], max_new: int) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jspec.cache import KVCache
-    from jspec.decode import Decoder
+    from jspec.core.cache import KVCache
+    from jspec.loop.decode import Decoder
     from jspec.models.hub import load_model
     from jspec.models.llama import layer_loop_for_backend
 

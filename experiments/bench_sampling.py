@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from jspec.sampling import SamplingParams, probs_from_logits
+    from jspec.core.sampling import SamplingParams, probs_from_logits
 
     out = {"vocab": args.vocab, "ms": {}}
     rng = np.random.default_rng(0)
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
         out["ms"][f"B={b}"] = rows
         print(f"B={b}: " + json.dumps(rows), flush=True)
     if args.model:
-        from jspec.decode import Decoder
+        from jspec.loop.decode import Decoder
         from jspec.models.hub import load_model
 
         model, tokenizer = load_model(args.model)

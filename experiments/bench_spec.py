@@ -15,7 +15,7 @@ in its own subprocess per engine:
   decoding and speculative decoding at every N on the same prompts (batch 1,
   compilation timed apart): τ, acceptance by position, tokens/s, speedup, and
   the speedup predicted from τ's step counts and the costs measured alone
-  (:func:`jspec.bench.predicted_seconds`); the gap is what the engine adds.
+  (:func:`jspec.analysis.bench.predicted_seconds`); the gap is what the engine adds.
 * transformers (PyTorch, float32, the same GGUF weights, the same token ids):
   ``generate`` plain, with ``assistant_model`` (a constant ``N`` draft tokens)
   or with ``prompt_lookup_num_tokens=N``.
@@ -44,7 +44,7 @@ SETUPS = {
 
 def _tree(spec: str):
     """A --trees entry: a branching list "2,2,2" or "dynamic:TOP_K:DEPTH:NODES"."""
-    from jspec.tree import DynamicTreeSpec, StaticTree
+    from jspec.core.tree import DynamicTreeSpec, StaticTree
 
     if spec.startswith("dynamic"):
         top_k, depth, nodes = (int(x) for x in spec.split(":")[1:])
@@ -61,7 +61,7 @@ def _floats(text: str) -> list[float]:
 
 
 def _prompt_ids(tokenizer, prompt_sets: list[str], limit: int) -> dict[str, list[list[int]]]:
-    from jspec.prompts import load_prompts
+    from jspec.analysis.prompts import load_prompts
 
     ids = {}
     for name in prompt_sets:
@@ -86,14 +86,14 @@ def _median_ms(fn, repeats: int = 10) -> float:
 def worker_jspec(setup: dict, args) -> dict:
     import jax
 
-    from jspec.bench import predicted_seconds, run_interleaved, run_prompts
-    from jspec.decode import Decoder
+    from jspec.analysis.bench import predicted_seconds, run_interleaved, run_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import DraftModel, PromptLookup
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
-    from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     target, tokenizer = load_model(setup["target"])
@@ -103,7 +103,7 @@ def worker_jspec(setup: dict, args) -> dict:
     head = draft_model = None
     if setup["method"] == "eagle3":
         from jspec.drafters import EagleDrafter
-        from jspec.heads import load_head
+        from jspec.heads.eagle import load_head
         from jspec.models.hub import shipped_head
 
         head = load_head(args.head or shipped_head(setup["target"], "eagle3"), target)

@@ -36,11 +36,11 @@ def fresh_trainer(model, data: dict, args, train=None, start: str = "random"):
 
     ``train``: a :class:`jspec.training.TrainConfig` (default: endless, for timing steps).
     ``start``: "random"; "output" (the target's final norm and output rows only); "target"
-    (:meth:`jspec.heads.DraftHead.warm_start`, what ``jspec train --warm-start`` does).
+    (:meth:`jspec.heads.eagle.DraftHead.warm_start`, what ``jspec train --warm-start`` does).
     """
     from flax import nnx
 
-    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
     from jspec.training import TrainConfig, Trainer
 
     head = DraftHead(HeadConfig.for_target(model.config, "eagle3", args.draft_vocab), rngs=nnx.Rngs(0))

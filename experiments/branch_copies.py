@@ -1,17 +1,17 @@
-"""What XLA's conditionals cost a loop that writes a KV cache in a branch, and what jspec.control saves.
+"""What XLA's conditionals cost a loop that writes a KV cache in a branch, and what jspec.loop.control saves.
 
     python experiments/branch_copies.py [--rows 8] [--capacity 300] [--steps 100]
 
 1. A loop whose step writes one slot per row of a cache (k and v, [30 layers, rows, capacity, 3 KV
    heads, 64], SmolLM2's shape) in one of two branches, then reads all of it: whole-cache copies in the
-   compiled loop and milliseconds per step with ``lax.cond`` and with :func:`jspec.control.cond`.
+   compiled loop and milliseconds per step with ``lax.cond`` and with :func:`jspec.loop.control.cond`.
 2. The compiled loops of a tiny target (prompt lookup, a draft model): copies of the caches in the loop
    with the engine's branches as they are and with ``lax.cond`` put back in their place.
 
 3. With ``--real``: SmolLM2 on MT-bench prompts at batches 1, 8 and 32 (48 new tokens, greedy), plain
    decoding, prompt lookup and the shipped EAGLE-3 head (chain of 5), each speculative method compiled
    once with the engine's branches and once with ``lax.cond`` in their place, all taking turns
-   (:func:`jspec.bench.run_interleaved`): tokens/s of each against plain decoding's.
+   (:func:`jspec.analysis.bench.run_interleaved`): tokens/s of each against plain decoding's.
 
 Prints one JSON object.
 """
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from jspec import control
+from jspec.loop import control
 
 COPY = re.compile(r"= f32\[([\d,]+)\]\{[0-9,]*\} copy\(")
 
@@ -73,9 +73,9 @@ def engine_copies() -> dict:
     from tiny import tiny_model
 
     import jspec.drafters.draft_model
-    import jspec.engine
+    import jspec.loop.engine
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import DraftModel, PromptLookup
-    from jspec.sampling import SamplingParams
 
     target = tiny_model(num_layers=5)
     draft = tiny_model(num_layers=2, seed=1)
@@ -86,29 +86,29 @@ def engine_copies() -> dict:
     lax_cond = lambda pred, t, f, x: jax.lax.cond(pred, t, f, x)  # noqa: E731
     out = {}
     for name, make in makers.items():
-        for label in ("jspec.control", "lax.cond"):
-            saved = jspec.engine.cond, jspec.drafters.draft_model.cond
+        for label in ("jspec.loop.control", "lax.cond"):
+            saved = jspec.loop.engine.cond, jspec.drafters.draft_model.cond
             if label == "lax.cond":
-                jspec.engine.cond = jspec.drafters.draft_model.cond = lax_cond
+                jspec.loop.engine.cond = jspec.drafters.draft_model.cond = lax_cond
             try:
                 jax.clear_caches()
-                decoder = jspec.engine.SpeculativeDecoder(target, make(), eos_ids=(3,))
+                decoder = jspec.loop.engine.SpeculativeDecoder(target, make(), eos_ids=(3,))
                 decoder.generate([[5, 6, 7, 5, 6, 7, 5, 6]] * 2, 12, SamplingParams.greedy())
                 hlo = next(iter(decoder._compiled.values())).as_text()
             finally:
-                jspec.engine.cond, jspec.drafters.draft_model.cond = saved
+                jspec.loop.engine.cond, jspec.drafters.draft_model.cond = saved
             out[f"{name} / {label}"] = copies_in_loop(hlo, is_cache)
     return out
 
 
 def real(batches: list[int], rounds: int) -> dict:
-    """Part 3: the same speculative loops with jspec.control's branches and with lax.cond's, interleaved."""
+    """Part 3: the same speculative loops with jspec.loop.control's branches and with lax.cond's, interleaved."""
     import jspec
-    import jspec.engine
-    from jspec.bench import forget_compiled, run_interleaved, warm_up
+    import jspec.loop.engine
+    from jspec.analysis.bench import forget_compiled, run_interleaved, warm_up
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
 
     model, tok = load_model("smollm2-135m")
     texts = [p.text for p in load_prompts("mt-bench", None, max(batches) * rounds)]
@@ -121,9 +121,9 @@ def real(batches: list[int], rounds: int) -> dict:
         decoders = {"ar": jspec.Decoder(model, eos_ids=eos)}
         for label in ("control", "lax.cond"):
             jax.clear_caches()  # so that the second variant is traced again, under its own branches
-            saved = jspec.engine.cond
+            saved = jspec.loop.engine.cond
             if label == "lax.cond":
-                jspec.engine.cond = lax_cond
+                jspec.loop.engine.cond = lax_cond
             try:
                 for method in ("ngram", "eagle3"):
                     name = f"{method}/{label}"
@@ -131,7 +131,7 @@ def real(batches: list[int], rounds: int) -> dict:
                     decoders[name] = jspec.SpeculativeDecoder(model, drafter, eos_ids=eos)
                     warm_up(decoders[name], rows, 48, greedy, batch=b)  # compiled here, under this variant
             finally:
-                jspec.engine.cond = saved
+                jspec.loop.engine.cond = saved
         runs = run_interleaved(decoders, rows, 48, greedy, batch=b)
         base = runs["ar"]["tokens_per_s"]
         out[b] = {name: {"tokens_per_s": round(r["tokens_per_s"], 2), "tau": round(r["tau"], 3),
@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=2, help="batches per batch size and decoder (part 3)")
     args = p.parse_args(argv)
     lax_cond = lambda pred, t, f, x: jax.lax.cond(pred, t, f, x)  # noqa: E731
-    branches = {"lax.cond": lax_cond, "jspec.control.cond": control.cond}
+    branches = {"lax.cond": lax_cond, "jspec.loop.control.cond": control.cond}
     report = {
         "backend": jax.default_backend(),
         "micro": {name: micro(fn, args.rows, args.capacity, args.steps) for name, fn in branches.items()},

@@ -187,7 +187,7 @@ def eagle3_case(model, small: bool, forward_ms: dict | None) -> dict:
     from flax import nnx
 
     import jspec
-    from jspec.heads import DraftHead, HeadConfig
+    from jspec.heads.eagle import DraftHead, HeadConfig
     from jspec.tune.costs import drafter_cost, forward_cost
 
     t = model.config

@@ -94,7 +94,7 @@ def _cmd_join(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     join_file(args.parts, "head.safetensors", args.out / "head.safetensors")
     shutil.copy(args.parts / "head.json", args.out / "head.json")
-    from jspec.heads import load_head
+    from jspec.heads.eagle import load_head
     from jspec.models.hub import load_model
 
     load_head(args.out, load_model(MODEL)[0])  # a head that does not load is not a head

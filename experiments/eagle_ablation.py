@@ -65,13 +65,13 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--trained {item}: {folder} holds no head.json; pass a folder written by jspec train.")
         trained[variant] = pathlib.Path(folder)
 
-    from jspec.bench import run_prompts
+    from jspec.analysis.bench import run_prompts
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import EagleDrafter
-    from jspec.engine import SpeculativeDecoder
-    from jspec.heads import load_head
+    from jspec.heads.eagle import load_head
+    from jspec.loop.engine import SpeculativeDecoder
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
     from jspec.training import Recipe, train_head
 
     model, tokenizer = load_model(args.model)

@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
     from flax import nnx
 
-    from jspec.cli_common import stream_printer
-    from jspec.decode import Decoder
+    from jspec.cli.common import stream_printer
     from jspec.drafters import PromptLookup
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
     from jspec.models.config import ModelConfig
     from jspec.models.hub import load_model
     from jspec.models.llama import Transformer

@@ -12,8 +12,8 @@ import argparse
 import json
 import pathlib
 
+from jspec.analysis.speedup import linear_verify_cost
 from jspec.models.hub import load_model
-from jspec.speedup import linear_verify_cost
 from jspec.tune.costs import forward_cost
 
 

@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> dict:
         if not (h / "head.json").exists():
             parser.error(f"--heads: {h} holds no head.json; pass folders written by jspec train.")
 
-    from jspec.decode import Decoder
-    from jspec.heads import load_head
+    from jspec.analysis.prompts import load_prompts
+    from jspec.heads.eagle import load_head
+    from jspec.loop.decode import Decoder
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
     from jspec.training.loss import teacher_forced_agreement
 
     model, tokenizer = load_model(args.model)

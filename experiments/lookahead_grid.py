@@ -8,7 +8,7 @@ A grid point W:N:G is a window of W columns and N - 1 levels and G candidate n-g
 tokens verified per step, so one step's forward is 1 + G (N - 1) + W (N - 1) tokens. Prompt lookup
 drafts a tree of G continuations of N - 1 tokens (a chain when G = 1): the same verified width,
 without the window. Every decoder runs every prompt, taking turns prompt by prompt
-(:func:`jspec.bench.run_interleaved`).
+(:func:`jspec.analysis.bench.run_interleaved`).
 
 The prediction: a decoder that takes v verify forwards of w tokens and p plain steps (prompt
 lookup finding nothing) for ``tokens`` new tokens runs at ``tokens / (v (r(w) + c) + p)`` of plain
@@ -52,15 +52,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, two grid points (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.bench import forget_compiled, run_interleaved
-    from jspec.decode import Decoder
+    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import LookaheadDecoding, PromptLookup
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     if args.tiny:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     from flax import nnx
 
-    from jspec.medusa import MedusaConfig, MedusaHeads
+    from jspec.heads.medusa import MedusaConfig, MedusaHeads
     from jspec.models.hub import load_model
     from jspec.training import TrainConfig, Trainer
     from jspec.training.loss import loss_window

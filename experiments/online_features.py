@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
     from flax import nnx
 
-    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+    from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
     from jspec.models.hub import load_model
     from jspec.training.data import sequence_examples
     from jspec.training.trainer import TrainConfig, Trainer
 
     model, _ = load_model(args.model)
     rng = np.random.default_rng(0)
-    from jspec.decode import Decoder
+    from jspec.loop.decode import Decoder
 
     prompts = [rng.integers(100, 20_000, 16).tolist() for _ in range(args.examples)]
     cont = Decoder(model).generate(prompts, args.seq_len - 16).tokens

@@ -27,12 +27,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
 
+    from jspec.analysis.bench import run_interleaved
+    from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
-    from jspec.bench import run_interleaved
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tokenizer = load_model(args.model)

@@ -103,7 +103,7 @@ def schedule(requests: list[dict], seed: int) -> list[tuple[int, bool]]:
 
 
 def shape_class(request: dict) -> tuple:
-    from jspec.batching import bucket, cache_slots
+    from jspec.loop.batching import bucket, cache_slots
 
     longest = max(len(p) for p in request["prompts"])
     p, m = bucket(longest), bucket(request["max_new"])
@@ -113,7 +113,7 @@ def shape_class(request: dict) -> tuple:
 def build(args):
     """(target, decoders by method, prompt pool, vocabulary size)."""
     import jspec
-    from jspec.decode import Decoder
+    from jspec.loop.decode import Decoder
 
     if args.tiny:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -125,8 +125,8 @@ def build(args):
         methods = {"draft": jspec.make_drafter("draft", target, draft_model=draft, num_draft=3)}
         eos = ()
     else:
+        from jspec.analysis.prompts import load_prompts
         from jspec.models.hub import load_model, shipped_head
-        from jspec.prompts import load_prompts
 
         target, tok = load_model(args.model)
         texts = [p.text for p in load_prompts("mt-bench", None, 40)] + [
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not 0 <= args.warmup < args.requests:
         raise SystemExit(f"--warmup must lie in [0, --requests); got {args.warmup}.")
 
-    from jspec.batching import loops_compiled, max_compiled
-    from jspec.sampling import SamplingParams
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.batching import loops_compiled, max_compiled
 
     counter = CompileCounter()
     _, decoders, pool = build(args)

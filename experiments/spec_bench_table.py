@@ -8,7 +8,7 @@ Spec-Bench (Xia et al. 2024) has six categories: multi-turn conversation (MT-ben
 their first turn here), translation, summarization, question answering, mathematical reasoning
 and retrieval-augmented generation. For each category and temperature, every method runs the
 category's first ``--limit`` prompts, taking turns prompt by prompt
-(:func:`jspec.bench.run_interleaved`), at the library's defaults (``jspec.methods.DEFAULTS``):
+(:func:`jspec.analysis.bench.run_interleaved`), at the library's defaults (``jspec.methods.DEFAULTS``):
 plain decoding (ar), prompt lookup (ngram), a draft model (draft, with ``--draft-model``), the
 shipped EAGLE-3 head (eagle3), Medusa or EAGLE-1 heads (medusa, eagle1, with ``--head`` where
 trained ones exist; none ships), Lookahead decoding (lookahead) and ``--method auto`` (the config
@@ -36,7 +36,7 @@ CATEGORIES = ("multi-turn", "translation", "summarization", "qa", "math_reasonin
 
 def category_prompts(category: str, limit: int):
     """The first ``limit`` prompts of a Spec-Bench category (multi-turn: MT-bench's questions, first turn)."""
-    from jspec.prompts import load_prompts
+    from jspec.analysis.prompts import load_prompts
 
     if category not in CATEGORIES:
         raise ValueError(f"Spec-Bench has no category {category!r}; choose from {', '.join(CATEGORIES)}.")
@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--methods must start with ar: speedups are over plain decoding.")
     prompts = {c: category_prompts(c, args.limit) for c in categories}  # unknown categories refused first
 
-    from jspec.bench import forget_compiled, run_interleaved
+    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
-    from jspec.sampling import SamplingParams
     from jspec.tune.costs import drafter_cost, forward_cost
-    from jspec.xla_cache import enable_compilation_cache
 
     enable_compilation_cache()
     model, tokenizer = load_model(args.model)
@@ -195,7 +195,7 @@ def markdown(report, methods, categories, temperatures) -> str:
 def _heat_map(report, methods, categories, temperatures, path) -> None:
     import numpy as np
 
-    from jspec.cli_common import figure
+    from jspec.cli.common import figure
 
     fig = figure(figsize=(1.6 + 1.3 * len(categories), 0.8 + 0.45 * len(methods) * len(temperatures)))
     axes = fig.subplots(len(temperatures), 1, squeeze=False)[:, 0]

@@ -19,8 +19,8 @@ import argparse
 import json
 import pathlib
 
-from jspec.simulate import simulate_chain
-from jspec.speedup import best_num_draft, estimate, linear_verify_cost
+from jspec.analysis.simulate import simulate_chain
+from jspec.analysis.speedup import best_num_draft, estimate, linear_verify_cost
 
 ALPHAS = (0.6, 0.7, 0.8, 0.9, 0.95)
 COST_RATIOS = (0.0, 0.01, 0.04, 0.1, 0.2, 0.5)

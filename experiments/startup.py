@@ -64,7 +64,7 @@ def medusa_head(work: pathlib.Path) -> pathlib.Path:
     if not (folder / "config.json").exists():
         from flax import nnx
 
-        from jspec.medusa import MedusaConfig, MedusaHeads, save_medusa
+        from jspec.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
         from jspec.models.hub import load_model
 
         target, _ = load_model("smollm2-135m")
@@ -77,7 +77,7 @@ def run_cli(method: str, xla: pathlib.Path, tokens: int, env: dict, work: pathli
     if method == "medusa":
         options = [*options, "--head", str(medusa_head(work))]
     script = pathlib.Path(sys.executable).with_name("jspec")  # the installed command, else the module
-    launch = [str(script)] if script.exists() else [sys.executable, "-m", "jspec.cli"]
+    launch = [str(script)] if script.exists() else [sys.executable, "-m", "jspec.cli.main"]
     cmd = [*launch, "generate", "--model", model, "--chat",
            "--max-new-tokens", str(tokens), "--json", "--prompt", PROMPT, *options]  # fmt: skip
     t0 = time.time()
@@ -115,9 +115,9 @@ def stream_cost(rounds: int = 5, tokens: int = 96) -> dict:
     """Seconds per token with and without a listener, per method (medians over rounds, interleaved)."""
     import statistics
 
+    from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
 
     model, tok = load_model("smollm2-135m")
     prompts = load_prompts("mt-bench", None, 4)

@@ -6,7 +6,7 @@ The target is a Markov chain Q[current, next] over a small vocabulary and the
 drafter another chain P = mix * Q + (1 - mix) * noise, so ``mix`` sets how
 often the drafter agrees. From random root tokens, each trial drafts one tree
 (children of a node: the top-k of P below it, one-hot, or samples from P) and
-verifies it with :func:`jspec.tree.verify_tree`, at temperature 1 (Q itself).
+verifies it with :func:`jspec.core.tree.verify_tree`, at temperature 1 (Q itself).
 Reported per drafter quality:
 
 * α, the chance one draft token drawn from P is accepted against Q
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.sampling import sample
-from jspec.tree import StaticTree, verify_tree
+from jspec.core.sampling import sample
+from jspec.core.tree import StaticTree, verify_tree
 
 
 def chains(vocab: int, mix: float, seed: int = 0):

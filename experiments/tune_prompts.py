@@ -6,8 +6,8 @@
 For each shape P x T (P prompts of T new tokens; the default shapes spend the same 288 tokens),
 ``--repeats`` disjoint slices of MT-bench (from prompt ``--skip`` on) are measured as the tuner
 measures a candidate: plain decoding and the drafter taking turns prompt by prompt
-(:func:`jspec.bench.run_interleaved`), the speedup and its paired 95% t interval over the
-prompts (:func:`jspec.bench.speedup_interval`). Reports each slice's interval, its width, and the
+(:func:`jspec.analysis.bench.run_interleaved`), the speedup and its paired 95% t interval over the
+prompts (:func:`jspec.analysis.bench.speedup_interval`). Reports each slice's interval, its width, and the
 seconds the pair of decoders spent generating.
 """
 
@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/results/tune_prompts.json"))
     args = parser.parse_args(argv)
 
+    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
-    from jspec.bench import run_interleaved, speedup_interval
+    from jspec.core.sampling import SamplingParams
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
 
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
     model, tok = load_model(args.model)

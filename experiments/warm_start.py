@@ -8,7 +8,7 @@ Each start trains a new head for ``--steps`` steps (the same seed, data order an
 AdamW, warmup a tenth of the steps, cosine decay) on a prepared data set (a ``--data`` folder
 of ``jspec train``): "random" is the usual start; "output" takes the target's final norm and
 output rows for the draft vocabulary; "target" is ``jspec train --warm-start``
-(:meth:`jspec.heads.DraftHead.warm_start`). Each head is then scored on held-out prompts by
+(:meth:`jspec.heads.eagle.DraftHead.warm_start`). Each head is then scored on held-out prompts by
 its teacher-forced agreement with the target's greedy responses per draft position
 (``experiments/head_agreement.py``'s measure). Reports the last logged training loss too.
 Writes ``warm_start.json`` and the heads to --out.
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from head_agreement import main as agreement
 
-    from jspec.heads import save_head
+    from jspec.heads.eagle import save_head
     from jspec.models.hub import load_model
     from jspec.training import TrainConfig
     from jspec.training.data import load_shards

@@ -17,18 +17,11 @@ The math (verification, speedup) is exported too. ``jspec.models`` (the ``models
 the repository, installed under jspec's name) holds the target model families and loaders.
 """
 
+from jspec.analysis.speedup import best_num_draft, expected_alpha, expected_tokens, speedup
 from jspec.api import Completions, Speculator, make_decoder
-from jspec.auto import AutoDecoder
-from jspec.decode import Decoder
-from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup
-from jspec.engine import SpeculativeDecoder
-from jspec.methods import make_drafter
-from jspec.results import GenerationResult
-from jspec.sampling import SamplingParams, check_distribution, probs_from_logits, sample
-from jspec.speedup import best_num_draft, expected_alpha, expected_tokens, speedup
-from jspec.tree import DynamicTreeSpec, StaticTree
-from jspec.tune.tuned import Setting, TunedConfig, load_tuned
-from jspec.verify import (
+from jspec.core.sampling import SamplingParams, check_distribution, probs_from_logits, sample
+from jspec.core.tree import DynamicTreeSpec, StaticTree
+from jspec.core.verify import (
     ChainVerdict,
     acceptance_probability,
     residual_distribution,
@@ -37,6 +30,13 @@ from jspec.verify import (
     verify_chain_batch_logits,
     verify_chain_logits,
 )
+from jspec.drafters import Drafter, DraftModel, EagleDrafter, PromptLookup
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
+from jspec.loop.results import GenerationResult
+from jspec.methods import make_drafter
+from jspec.tune.auto import AutoDecoder
+from jspec.tune.tuned import Setting, TunedConfig, load_tuned
 
 __version__ = "0.1.0"
 

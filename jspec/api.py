@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from jspec.auto import AutoDecoder
-from jspec.decode import Decoder
-from jspec.engine import SpeculativeDecoder
+from jspec.core.sampling import SamplingParams
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
+from jspec.loop.results import GenerationResult
 from jspec.methods import AutoSpec, parse
-from jspec.results import GenerationResult
-from jspec.sampling import SamplingParams
+from jspec.tune.auto import AutoDecoder
 
 __all__ = ["Completions", "Speculator", "make_decoder"]
 
@@ -44,7 +44,7 @@ class Completions:
       texts: the decoded completion of each prompt.
       tokens: the generated ids of each prompt (end-of-sequence included when hit).
       prompt_tokens: the prompts' lengths in tokens, after any chat template.
-      result: the run's :class:`jspec.results.GenerationResult` (timings, τ, acceptance).
+      result: the run's :class:`jspec.loop.results.GenerationResult` (timings, τ, acceptance).
     """
 
     texts: list[str]
@@ -70,8 +70,8 @@ class Speculator:
         ``config=`` a tuned config) built by :func:`jspec.make_decoder` with ``drafter_options``, or a drafter.
       model_name: the model's registry name, when ``model`` is a loaded model and the method
         should use the head shipped for it.
-      mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows over ``data``, the
-        target's weights and KV cache over ``model`` (:mod:`jspec.sharding`).
+      mesh: a ``("data", "model")`` mesh (:func:`jspec.loop.sharding.make_mesh`): rows over ``data``, the
+        target's weights and KV cache over ``model`` (:mod:`jspec.loop.sharding`).
       drafter_options: the method's options (:mod:`jspec.methods`: ``num_draft``, ``tree``, ``head``,
         ``draft_model``, ``ngram_min``, ``ngram_max``, Lookahead's ``window``...; for "auto" ``config``,
         ``workload``, ``head``, ``draft_model``); one the method does not take is refused by name.

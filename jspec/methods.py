@@ -28,18 +28,18 @@ import os
 from collections.abc import Sequence
 from typing import ClassVar
 
-from jspec.decode import Decoder
+from jspec.core.tree import DynamicTreeSpec, MeasuredTree, StaticTree, parse_tree, tree_text
 from jspec.drafters.base import DEFAULT_NUM_DRAFT, draft_depth
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle import EagleDrafter
 from jspec.drafters.lookahead import LookaheadDecoding
 from jspec.drafters.medusa import MedusaDrafter
 from jspec.drafters.prompt_lookup import PromptLookup
-from jspec.engine import SpeculativeDecoder
-from jspec.head_formats import load_eagle
-from jspec.heads import DraftHead
+from jspec.heads.eagle import DraftHead
+from jspec.heads.formats import load_eagle
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 from jspec.models.hub import load_model, shipped_head
-from jspec.tree import DynamicTreeSpec, MeasuredTree, StaticTree, parse_tree, tree_text
 
 __all__ = [
     "DEFAULTS", "METHODS", "TUNED", "AutoSpec", "Defaults", "DraftModelSpec", "DraftedSpec", "Eagle1Spec", "Eagle3Spec",
@@ -54,7 +54,7 @@ class Defaults:
     """One default per knob, shared by the Python API and the command line.
 
     ``ngram_min`` 2 skips matches of one repeated token (accepted a third as often as longer ones on
-    SmolLM2 and HumanEval). The dynamic tree's size is :class:`jspec.tree.DynamicTreeSpec`'s default.
+    SmolLM2 and HumanEval). The dynamic tree's size is :class:`jspec.core.tree.DynamicTreeSpec`'s default.
     Lookahead decoding's W 1, N 2, G 2 suit a machine where a 4-token forward costs 1.3 plain steps;
     the paper's W 15, N 5, G 15 pay where a forward of ~120 tokens costs about one step.
     """
@@ -230,8 +230,8 @@ def _shipped_if_none(head, method: str, model_name: str | None):
 
 @dataclasses.dataclass(frozen=True)
 class Eagle3Spec(DraftedSpec):
-    """An EAGLE-3 head: a :class:`jspec.heads.DraftHead`, a folder or Hub id (jspec's or a published
-    format, :mod:`jspec.head_formats`), or None for the head shipped for the target."""
+    """An EAGLE-3 head: a :class:`jspec.heads.eagle.DraftHead`, a folder or Hub id (jspec's or a published
+    format, :mod:`jspec.heads.formats`), or None for the head shipped for the target."""
 
     name: ClassVar[str] = "eagle3"
     tuned: ClassVar[bool] = True
@@ -255,7 +255,7 @@ class Eagle1Spec(Eagle3Spec):
 
 @dataclasses.dataclass(frozen=True)
 class MedusaSpec(DraftedSpec):
-    """Medusa heads (:class:`jspec.medusa.MedusaHeads`, a folder or Hub id); N defaults to every head."""
+    """Medusa heads (:class:`jspec.heads.medusa.MedusaHeads`, a folder or Hub id); N defaults to every head."""
 
     name: ClassVar[str] = "medusa"
     head: object = None

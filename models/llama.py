@@ -9,7 +9,7 @@ along a leading L axis, so the same parameters serve an unrolled Python loop ove
 place that knows.
 
 The KV cache is not part of the module: :meth:`Transformer.__call__` takes a
-:class:`jspec.cache.KVCache` and returns the new one.
+:class:`jspec.core.cache.KVCache` and returns the new one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jspec.cache import KVCache
+from jspec.core.cache import KVCache
 from jspec.models.config import ModelConfig
 
 __all__ = [

@@ -113,7 +113,7 @@ def assert_logits_match(model, tok, reference, texts) -> None:
 
 def assert_greedy_matches(model, tok, reference, ids, max_new: int) -> None:
     """jspec's greedy tokens equal transformers' generate(do_sample=False), up to the shorter of the two."""
-    from jspec.decode import Decoder
+    from jspec.loop.decode import Decoder
 
     torch, _, ref_model = reference
     with torch.no_grad():

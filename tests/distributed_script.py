@@ -6,7 +6,7 @@ Args: PROCESS_ID PORT [N [--join-only | --with-tree]]."""
 import json
 import sys
 
-from jspec.sharding import initialize
+from jspec.loop.sharding import initialize
 
 process_id, port = int(sys.argv[1]), sys.argv[2]
 try:
@@ -24,9 +24,9 @@ if "--join-only" in sys.argv:
 assert (jax.process_count(), jax.local_device_count(), jax.device_count()) == (2, 4, 8)
 import mesh_script  # noqa: E402 (builds the same target, drafters and prompts)
 
-from jspec.decode import Decoder  # noqa: E402
-from jspec.engine import SpeculativeDecoder  # noqa: E402
-from jspec.sharding import make_mesh  # noqa: E402
+from jspec.loop.decode import Decoder  # noqa: E402
+from jspec.loop.engine import SpeculativeDecoder  # noqa: E402
+from jspec.loop.sharding import make_mesh  # noqa: E402
 
 meshes = {"2x4": (2, 4)}
 make_tree = mesh_script.QUICK["eagle3_tree"]

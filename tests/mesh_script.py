@@ -11,15 +11,15 @@ import numpy as np
 from flax import nnx
 from tiny import tiny_model
 
-from jspec.decode import Decoder
+from jspec.core.sampling import SamplingParams
+from jspec.core.tree import DynamicTreeSpec
 from jspec.drafters import DraftModel, EagleDrafter, LookaheadDecoding, PromptLookup
-from jspec.engine import SpeculativeDecoder
-from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
-from jspec.medusa import MedusaConfig, MedusaHeads
+from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
+from jspec.heads.medusa import MedusaConfig, MedusaHeads
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
+from jspec.loop.sharding import MEGATRON, make_mesh, place_model
 from jspec.methods import make_drafter
-from jspec.sampling import SamplingParams
-from jspec.sharding import MEGATRON, make_mesh, place_model
-from jspec.tree import DynamicTreeSpec
 
 assert jax.device_count() == 8, jax.devices()
 MESHES = {"1x8": (1, 8), "2x4": (2, 4), "4x2": (4, 2), "8x1": (8, 1)}

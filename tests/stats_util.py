@@ -35,7 +35,7 @@ def gof_p_value(counts, probs) -> float:
 def sampled_p_value(spec, plain, vocab: int, positions=(1, 2, 3)) -> float:
     """Two-sample chi-square p-value of speculative against plain samples (int [rows, T] each), the
     positions' statistics summed."""
-    from jspec.check import two_sample_chi2
+    from jspec.analysis.check import two_sample_chi2
 
     chi2, dof = 0.0, 0
     for j in positions:

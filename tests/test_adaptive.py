@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from tiny import peaked_model, tiny_model
 
-from jspec.adaptive import Adaptive, StepCosts
-from jspec.decode import Decoder
 from jspec.drafters import DraftModel, PromptLookup
 from jspec.drafters.draft_model import DraftModel as DraftModelClass
-from jspec.engine import SpeculativeDecoder
+from jspec.loop.adaptive import Adaptive, StepCosts
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 V = 97
 
@@ -75,9 +75,9 @@ def _sampled_p_values(num_draft, policy, costs, check):
     residual (the negative control); ``check(result)`` asserts the schedule exercised the path."""
     from stats_util import sampled_p_value
 
-    from jspec.check import verify_chain_without_residual
-    from jspec.sampling import SamplingParams
-    from jspec.verify import verify_chain
+    from jspec.analysis.check import verify_chain_without_residual
+    from jspec.core.sampling import SamplingParams
+    from jspec.core.verify import verify_chain
 
     prompts = [[7, 8, 9, 10]] * 6000
     params = SamplingParams.create(temperature=1.0)
@@ -124,9 +124,9 @@ def test_adaptive_options_are_checked(target):
 def test_tree_drafters_through_fallback_steps_keep_plain_greedy_output(target, kind):
     from flax import nnx
 
+    from jspec.core.tree import DynamicTreeSpec, StaticTree
     from jspec.drafters import EagleDrafter
-    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
-    from jspec.tree import DynamicTreeSpec, StaticTree
+    from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
 
     if kind == "eagle_dynamic_tree":
         head = DraftHead(HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=40), rngs=nnx.Rngs(1))
@@ -149,9 +149,9 @@ def test_an_eagle_head_catches_up_on_deferred_fallback_steps_exactly(target):
     import jax.numpy as jnp
     from flax import nnx
 
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import Context, EagleDrafter, Feedback
-    from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
-    from jspec.sampling import SamplingParams
+    from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
 
     head = DraftHead(HeadConfig.for_target(target.config, "eagle3", draft_vocab_size=40), rngs=nnx.Rngs(1))
     head.attach_target(target, draft_vocabulary(np.arange(V)[::-1], 40))
@@ -185,7 +185,7 @@ def test_an_eagle_head_catches_up_on_deferred_fallback_steps_exactly(target):
 def test_the_width_with_most_expected_tokens_per_cost_is_chosen():
     import jax.numpy as jnp
 
-    from jspec.adaptive import choose_width
+    from jspec.loop.adaptive import choose_width
 
     costs = StepCosts.create(2.2, forward=[1.0, 1.1, 2.0])  # widths 2, 3 and the full 4; the drafter costs 0.2
     conf = jnp.array([[0.9, 0.9, 0.1]])
@@ -228,8 +228,8 @@ def test_sampled_output_with_an_adaptive_draft_length_has_the_target_distributio
 
 
 def test_adaptive_draft_length_options_are_checked(target):
-    from jspec.sampling import SamplingParams
-    from jspec.tree import StaticTree
+    from jspec.core.sampling import SamplingParams
+    from jspec.core.tree import StaticTree
 
     costs = StepCosts.create(2.0, forward=[1.2, 1.8])
     draft = DraftModel.from_model(tiny_model("qwen2", seed=1, num_layers=1), target, num_draft=3)

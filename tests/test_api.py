@@ -7,10 +7,10 @@ from flax import nnx
 from tiny import tiny_model
 
 import jspec
+from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import DraftModel, EagleDrafter, PromptLookup
-from jspec.heads import DraftHead, HeadConfig, draft_vocabulary, save_head
+from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary, save_head
 from jspec.methods import DEFAULTS, make_drafter, parse_tree
-from jspec.tree import DynamicTreeSpec, StaticTree
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
@@ -71,7 +71,7 @@ def test_draft_models_draft_no_dynamic_trees_and_heads_keep_their_kind(target, t
 
 
 def test_one_default_per_knob_for_python_and_the_command_line():
-    from jspec.cli import build_parser
+    from jspec.cli.main import build_parser
 
     assert parse_tree("dynamic") == DynamicTreeSpec() == DynamicTreeSpec(4, 3, 8)
     assert parse_tree("2,2") == parse_tree([2, 2]) == StaticTree.from_branching([2, 2]) and parse_tree("chain") is None

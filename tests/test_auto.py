@@ -8,7 +8,7 @@ import pytest
 from tiny import tiny_model
 
 from jspec import AutoDecoder, Decoder, SamplingParams
-from jspec.cli import main
+from jspec.cli.main import main
 from jspec.drafters import PromptLookup
 from jspec.tune.costs import CostProfile, measure_profile
 from jspec.tune.tuned import Recommendation, Setting, TunedConfig, band_of, load_tuned, save_tuned
@@ -129,7 +129,7 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     """A drafter faster on average but slower on some prompts is not measurably faster: plain wins.
     The same mean over more prompts that agree is (negative control: the point estimate alone
     would pick the first one too)."""
-    from jspec.bench import speedup_interval
+    from jspec.analysis.bench import speedup_interval
 
     plain = {"batch_tokens": [48] * 3, "batch_seconds": [1.0] * 3, "tokens_per_s": 48.0}
     swinging = {"batch_tokens": [48] * 3, "batch_seconds": [1 / 0.9, 1 / 1.25, 1 / 1.5]}  # 0.9x, 1.25x, 1.5x

@@ -3,10 +3,10 @@
 import pytest
 from tiny import tiny_model
 
-from jspec.bench import predicted_seconds, run_prompts
-from jspec.decode import Decoder
+from jspec.analysis.bench import predicted_seconds, run_prompts
 from jspec.drafters import PromptLookup
-from jspec.engine import SpeculativeDecoder
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 
 def test_predicted_seconds_adds_up_the_steps():
@@ -28,7 +28,7 @@ def test_run_prompts_sums_runs_and_reports_speculation():
 
 def test_one_shape_runs_every_prompt_in_one_program_with_the_lone_request_tokens():
     """Prompts in three length buckets: one compiled loop per decoder (one_shape), three without."""
-    from jspec.bench import run_interleaved
+    from jspec.analysis.bench import run_interleaved
 
     model = tiny_model("llama")
     prompts = [[3, 4, 5, 3, 4], list(range(3, 23)), [7, 8, 9, 7, 8, 9] * 7]  # buckets 16, 32, 64

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jspec.check import CheckConfig, run_check, two_sample_chi2, verify_chain_without_residual
+from jspec.analysis.check import CheckConfig, run_check, two_sample_chi2, verify_chain_without_residual
 
 
 def test_check_passes_with_the_real_verifier():

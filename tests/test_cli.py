@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import xla_flags
 
-from jspec.cli import main
+from jspec.cli.main import main
 
 
 def _json(capsys, argv):
@@ -163,8 +163,8 @@ def test_stream_printer_shows_the_text_as_it_comes():
     from tiny import tiny_model
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from jspec.cli_common import stream_printer
-    from jspec.decode import Decoder
+    from jspec.cli.common import stream_printer
+    from jspec.loop.decode import Decoder
     from jspec.models.tokenizer import TextTokenizer
 
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(97)}, unk_token="w0"))
@@ -196,7 +196,7 @@ def test_speedup_plot_and_help_defaults(capsys, tmp_path):
 
 MESH_CLI = r"""
 import json, sys
-from jspec.cli import main
+from jspec.cli.main import main
 base = ["generate", "--prompt", "What is 2+2?", "--chat", "--max-new-tokens", "8", "--json"]
 codes = [main([*base, "--mesh", "data=2,model=3"]), main([*base, "--mesh", "data=3,model=2"])]
 print(json.dumps(codes))
@@ -238,7 +238,7 @@ def test_the_command_line_reference_is_the_parsers_help(monkeypatch):
     """docs/cli.md is what `make docs` writes from the parsers; a changed flag makes it stale (negative control)."""
     import pathlib
 
-    from jspec import cli
+    from jspec.cli import main as cli
 
     docs = pathlib.Path(__file__).parent.parent / "docs" / "cli.md"
     assert docs.read_text() == cli.reference() + "\n", "docs/cli.md is stale: run `make docs`"

@@ -18,10 +18,10 @@ monitoring.register_event_listener(lambda event, **_: hits.append(event) if even
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the tiny loops compile in < 1 s
 sys.path.insert(0, "tests")
 from tiny import tiny_model
-from jspec.xla_cache import enable_compilation_cache
-from jspec.decode import Decoder
+from jspec.loop.xla_cache import enable_compilation_cache
+from jspec.loop.decode import Decoder
 from jspec.drafters import PromptLookup
-from jspec.engine import SpeculativeDecoder
+from jspec.loop.engine import SpeculativeDecoder
 model = tiny_model()
 folder = enable_compilation_cache()
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -77,7 +77,7 @@ def test_a_folder_that_cannot_be_written_means_no_cache_and_one_line(tmp_path):
 def test_the_cache_switch(monkeypatch, tmp_path, value, where):
     import jax
 
-    from jspec.xla_cache import enable_compilation_cache
+    from jspec.loop.xla_cache import enable_compilation_cache
 
     before = jax.config.jax_compilation_cache_dir
     monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))

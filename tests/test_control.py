@@ -1,4 +1,4 @@
-"""jspec.control: branches that give lax.cond's values without copying the buffers they write."""
+"""jspec.loop.control: branches that give lax.cond's values without copying the buffers they write."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import numpy as np
 from experiment import load_experiment
 from tiny import tiny_model
 
-from jspec import control
-from jspec.sampling import SamplingParams
+from jspec.core.sampling import SamplingParams
+from jspec.loop import control
 
 _EXPERIMENT = load_experiment("branch_copies")
 
@@ -68,20 +68,20 @@ def test_a_branch_that_writes_a_cache_does_not_copy_it_with_negative_control():
 def test_the_speculative_loop_keeps_the_target_s_cache_in_place_with_negative_control(monkeypatch):
     """The compiled prompt-lookup loop of a tiny target has no copy of the target's KV cache per step;
     with lax.cond in the engine's branches it has (the negative control)."""
-    import jspec.engine
+    import jspec.loop.engine
     from jspec.drafters import PromptLookup
 
     target = tiny_model(num_layers=3)
     c = target.config
 
     def copies():
-        decoder = jspec.engine.SpeculativeDecoder(target, PromptLookup(num_draft=3), eos_ids=(3,))
+        decoder = jspec.loop.engine.SpeculativeDecoder(target, PromptLookup(num_draft=3), eos_ids=(3,))
         out = decoder.generate([[5, 6, 7, 5, 6, 7, 5, 6]] * 2, 12, SamplingParams.greedy())
         hlo = next(iter(decoder._compiled.values())).whole.as_text()
         return cache_copies(hlo, c.num_layers, 2, c.num_kv_heads, c.head_dim), out.tokens
 
     ours, tokens = copies()
     jax.clear_caches()
-    monkeypatch.setattr(jspec.engine, "cond", lambda pred, t, f, s: jax.lax.cond(pred, t, f, s))
+    monkeypatch.setattr(jspec.loop.engine, "cond", lambda pred, t, f, s: jax.lax.cond(pred, t, f, s))
     theirs, expected = copies()
     assert ours == 0 and theirs > 0 and tokens == expected

@@ -133,7 +133,7 @@ def test_training_data_from_conversations_is_the_targets_features_over_them_and_
     import jax.numpy as jnp
     from tiny import tiny_model
 
-    from jspec.heads import HeadConfig
+    from jspec.heads.eagle import HeadConfig
     from jspec.training import Recipe
     from jspec.training.conversations import parse_row
     from jspec.training.data import feature_forward
@@ -167,7 +167,7 @@ def test_training_data_from_conversations_is_the_targets_features_over_them_and_
 def test_regenerated_turns_are_the_targets_own_continuations_turn_by_turn(tmp_path):
     from tiny import tiny_model
 
-    from jspec.decode import Decoder
+    from jspec.loop.decode import Decoder
     from jspec.training.conversations import parse_row, regenerate
 
     tok, target = _word_tokenizer(), tiny_model(vocab_size=48)

@@ -8,9 +8,9 @@ from flax import nnx
 from stats_util import LEVEL, gof_p_value
 from tiny import tiny_model
 
-from jspec.batching import LoopConfig, batch_inputs, bucket, cache_slots
-from jspec.decode import Decoder, PlainLoop, decode_loop, jit_forward
-from jspec.sampling import SamplingParams
+from jspec.core.sampling import SamplingParams
+from jspec.loop.batching import LoopConfig, batch_inputs, bucket, cache_slots
+from jspec.loop.decode import Decoder, PlainLoop, decode_loop, jit_forward
 
 
 def _naive_greedy(model, prompt, steps, eos=(), width=32):

@@ -7,10 +7,10 @@ import pytest
 from flax import struct
 from tiny import tiny_model
 
-import jspec.engine
-from jspec.decode import Decoder
+import jspec.loop.engine
 from jspec.drafters import ChainProposal, Drafter, Lookahead, PromptLookup
-from jspec.engine import SpeculativeDecoder
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
@@ -75,7 +75,7 @@ def test_lookahead_tokens_are_scored_but_never_verified_or_seen(target, monkeypa
     assert checks >= 20 and mismatches == 0  # their logits are the target's at their own positions
 
     # Negative controls (each traced afresh): the logits of the wrong tokens handed back ...
-    monkeypatch.setattr(jspec.engine, "_split_logits", lambda logits, w: (logits[:, :w], logits[:, w - 2 :]))
+    monkeypatch.setattr(jspec.loop.engine, "_split_logits", lambda logits, w: (logits[:, :w], logits[:, w - 2 :]))
     jax.clear_caches()
     try:
         assert _probe_run(target)[1][1] > 0

@@ -7,10 +7,10 @@ import pytest
 from flax import nnx
 from tiny import peaked_model, tiny_model
 
-from jspec.decode import Decoder
 from jspec.drafters import EagleDrafter
-from jspec.engine import SpeculativeDecoder
-from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
+from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 from jspec.training import Recipe, TrainConfig, Trainer, head_loss, teacher_forced_agreement, ttt_forward, ttt_mask
 from jspec.training.trainer import batch_order
 
@@ -190,7 +190,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(target, tmp_path):
 
 
 def test_saved_head_round_trips_and_a_damaged_file_is_refused(target, tmp_path):
-    from jspec.heads import load_head, save_head
+    from jspec.heads.eagle import load_head, save_head
 
     head = _head(target)
     save_head(head, tmp_path / "h", recipe={"note": "test"})
@@ -212,7 +212,7 @@ def test_saved_head_round_trips_and_a_damaged_file_is_refused(target, tmp_path):
 
 
 def test_training_prompts_are_deterministic_and_not_evaluation_prompts():
-    from jspec.prompts import load_prompts
+    from jspec.analysis.prompts import load_prompts
     from jspec.training.data import stdlib_prompts
 
     prompts = stdlib_prompts(200)
@@ -303,7 +303,7 @@ class _WordTokenizer:
 
 
 def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_text(target):
-    from jspec.prompts import load_prompts
+    from jspec.analysis.prompts import load_prompts
     from jspec.training.data import _word_ngrams, evaluation_ngrams, self_instruct_prompts
 
     tok = _WordTokenizer()
@@ -322,7 +322,7 @@ def test_target_written_prompts_are_whole_distinct_turns_and_skip_evaluation_tex
 def test_prepared_data_is_reused_only_for_the_recipe_that_made_it(target, tmp_path):
     import dataclasses
 
-    from jspec.heads import HeadConfig
+    from jspec.heads.eagle import HeadConfig
     from jspec.training.data import write_shards
     from jspec.training.recipe import Recipe, prepare_data
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from tiny import peaked_model, tiny_model
 
-from jspec.decode import Decoder
+from jspec.core.sampling import SamplingParams
 from jspec.drafters import ChainProposal, Context, DraftModel, Feedback, PromptLookup
-from jspec.engine import SpeculativeDecoder
-from jspec.sampling import SamplingParams
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +150,9 @@ def test_sampled_output_has_the_target_distribution_with_negative_control():
     import jax
     from scipy import stats
 
-    from jspec.check import two_sample_chi2, verify_chain_without_residual
-    from jspec.sampling import SamplingParams
-    from jspec.verify import verify_chain
+    from jspec.analysis.check import two_sample_chi2, verify_chain_without_residual
+    from jspec.core.sampling import SamplingParams
+    from jspec.core.verify import verify_chain
 
     rows = 3000
     prompts = [[7, 8, 9, 10]] * rows
@@ -203,7 +203,7 @@ def test_draft_model_drafts_are_its_own_greedy_continuation_after_a_commit(accep
 
 def test_engine_cache_is_sized_to_the_request_with_negative_control(target, monkeypatch):
     """Prompts of 20 and 9 tokens, 40 new: buckets 32 + 64, but 64 slots (plus one verify) suffice."""
-    import jspec.batching
+    import jspec.loop.batching
 
     rng = np.random.default_rng(2)
     prompts = [rng.integers(4, 97, n).tolist() for n in (20, 9)]
@@ -217,7 +217,7 @@ def test_engine_cache_is_sized_to_the_request_with_negative_control(target, monk
     assert got.tokens == want
     # Negative control: a cache of 40 + 4 slots loses row 0's later keys: its output changes, or (reads past
     # the cache come back NaN) the run is refused as non-finite; either way it is not the plain output.
-    monkeypatch.setattr(jspec.batching, "cache_slots", lambda *args: 40)
+    monkeypatch.setattr(jspec.loop.batching, "cache_slots", lambda *args: 40)
     try:
         assert SpeculativeDecoder(target, drafter).generate(prompts, 40).tokens[0] != want[0]
     except ValueError as err:

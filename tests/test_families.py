@@ -51,9 +51,9 @@ def test_family_logits_match_transformers(family):
 def test_family_greedy_and_speculative_equal_transformers(family):
     """32 greedy tokens from a 24-token prompt (Gemma's window is 5): transformers' generate, jspec's
     plain loop and prompt lookup all agree token for token."""
-    from jspec.decode import Decoder
     from jspec.drafters import PromptLookup
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
 
     name, _, reference, model, _ = family
     with torch.no_grad():
@@ -94,10 +94,10 @@ def test_gemma_trees_past_the_window_keep_greedy_output(gemma97):
     accepted path moved into place is seen through the window like any committed token."""
     from test_tree_engine import PROMPTS, OracleTree, _head, _oracle
 
-    from jspec.decode import Decoder
+    from jspec.core.tree import DynamicTreeSpec
     from jspec.drafters import EagleDrafter
-    from jspec.engine import SpeculativeDecoder
-    from jspec.tree import DynamicTreeSpec
+    from jspec.loop.decode import Decoder
+    from jspec.loop.engine import SpeculativeDecoder
 
     plain = Decoder(gemma97).generate(PROMPTS, 20).tokens
     assert all(len(set(t)) > 8 for t in plain)

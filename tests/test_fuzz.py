@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tiny import tiny_model
 
 import jspec
-from jspec.cli import main
-from jspec.sampling import SamplingParams, probs_from_logits
+from jspec.cli.main import main
+from jspec.core.sampling import SamplingParams, probs_from_logits
 
 V, CONTEXT = 97, 64
 _QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]  # fixtures here hold no per-example state
@@ -58,9 +58,9 @@ DEFECTS = {
 @pytest.fixture
 def nothing_compiles(monkeypatch):
     """Fails the test if anything is compiled: refusals must come before jit."""
-    import jspec.decode
+    import jspec.loop.decode
 
-    monkeypatch.setattr(jspec.decode, "compile_request", lambda *a, **k: pytest.fail("compiled a refused request"))
+    monkeypatch.setattr(jspec.loop.decode, "compile_request", lambda *a, **k: pytest.fail("compiled a refused request"))
 
 
 @FUZZ

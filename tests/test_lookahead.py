@@ -8,10 +8,10 @@ import pytest
 from stats_util import LEVEL, sampled_p_value
 from tiny import peaked_model, tiny_model
 
-from jspec.decode import Decoder
 from jspec.drafters import Context, Feedback, LookaheadDecoding
 from jspec.drafters.lookahead import PoolState, window_mask
-from jspec.engine import SpeculativeDecoder
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 from jspec.methods import make_drafter
 
 V = 97
@@ -129,8 +129,8 @@ def test_lookahead_sampling_has_the_target_distribution_with_negative_control(mo
     distribution instead of the residual after a rejection (which must fail)."""
     from test_tree import _verify_without_residual
 
-    import jspec.engine
-    from jspec.sampling import SamplingParams
+    import jspec.loop.engine
+    from jspec.core.sampling import SamplingParams
 
     prompts = [np.random.default_rng(0).integers(0, 8, 24).tolist()] * 4000
     params = SamplingParams.create(temperature=1.0)
@@ -145,7 +145,7 @@ def test_lookahead_sampling_has_the_target_distribution_with_negative_control(mo
 
     assert p_value() > LEVEL
     broken = jax.vmap(_verify_without_residual, in_axes=(0, 0, 0, None, 0, 0, None))
-    monkeypatch.setattr(jspec.engine, "verify_tree_batch", broken)
+    monkeypatch.setattr(jspec.loop.engine, "verify_tree_batch", broken)
     jax.clear_caches()  # the loop traced with the real verifier is cached
     assert p_value() < LEVEL
     jax.clear_caches()
@@ -174,7 +174,7 @@ def test_lookahead_options_are_refused_clearly(target):
 
 
 def test_lookahead_command_line_refuses_bad_knobs_before_loading(capsys):
-    from jspec.cli import main
+    from jspec.cli.main import main
 
     base = ["generate", "--prompt", "Hi", "--model", "no-such-model"]  # never loaded: refused first
     assert main([*base, "--method", "lookahead", "--lookahead-level", "1"]) == 2

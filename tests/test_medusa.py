@@ -9,11 +9,11 @@ from flax import nnx
 from stats_util import LEVEL, sampled_p_value
 from tiny import peaked_model, tiny_model
 
-from jspec.decode import Decoder
+from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import MedusaDrafter
-from jspec.engine import SpeculativeDecoder
-from jspec.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
-from jspec.tree import DynamicTreeSpec, StaticTree
+from jspec.heads.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
@@ -56,9 +56,9 @@ def test_medusa_greedy_equals_plain_greedy(target, shape):
 def test_medusa_sampling_has_the_target_distribution_with_negative_control():
     """T = 1, 6000 rows: tokens 2-4 against plain sampling's, with the real chain verifier and with
     one that skips the residual (which must fail)."""
-    from jspec.check import verify_chain_without_residual
-    from jspec.sampling import SamplingParams
-    from jspec.verify import verify_chain
+    from jspec.analysis.check import verify_chain_without_residual
+    from jspec.core.sampling import SamplingParams
+    from jspec.core.verify import verify_chain
 
     prompts = [[7, 8, 9, 10]] * 6000
     params = SamplingParams.create(temperature=1.0)
@@ -104,8 +104,8 @@ def test_medusa_options_are_refused_clearly(target, tmp_path):
         MedusaDrafter.from_heads(heads, target, num_draft=3)
     with pytest.raises(ValueError, match="static trees"):
         MedusaDrafter.from_heads(heads, target, tree=DynamicTreeSpec(top_k=2, depth=2, total=5))
+    from jspec.core.tree import MeasuredTree
     from jspec.methods import parse
-    from jspec.tree import MeasuredTree
 
     with pytest.raises(ValueError, match="method 'ngram' drafts chains or trees of several continuations"):
         parse("ngram", tree="measured")
@@ -115,7 +115,7 @@ def test_medusa_options_are_refused_clearly(target, tmp_path):
 
 def test_tree_children_are_each_heads_top_tokens(target):
     """Medusa choices: below every node of depth d - 1, head d's k_d most likely tokens, best first."""
-    from jspec.trace import first_step
+    from jspec.analysis.trace import first_step
 
     heads = random_heads(target, k=3)
     drafter = MedusaDrafter.from_heads(heads, target, tree=StaticTree.from_branching([3, 2]))
@@ -214,9 +214,9 @@ def test_rank_rates_agree_with_the_loss_and_choose_the_measured_tree():
     branching of those rates; without rates it is refused."""
     from test_eagle import _data
 
+    from jspec.core.tree import MeasuredTree
     from jspec.drafters.medusa import best_branching
     from jspec.training.medusa import medusa_loss, rank_rates
-    from jspec.tree import MeasuredTree
 
     target = tiny_model("qwen2", seed=0, num_layers=4)  # _data's feature layers need 4
     heads = random_heads(target, k=3)
@@ -240,7 +240,7 @@ def test_tiny_medusa_run_on_smollm2_then_greedy_equals_plain(smollm2, tmp_path, 
     the command line, token for token the plain greedy output."""
     import json
 
-    from jspec.cli import main
+    from jspec.cli.main import main
 
     out = tmp_path / "medusa"
     argv = ["train", "medusa", "--tiny", "--out", str(out), "--eval-prompts", "0", "--json"]

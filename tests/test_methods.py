@@ -11,8 +11,8 @@ from tiny import tiny_model
 
 import jspec
 from jspec import methods
+from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import PromptLookup
-from jspec.tree import DynamicTreeSpec, StaticTree
 from jspec.tune.tuned import Setting
 
 

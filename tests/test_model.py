@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from tiny import tiny_config, tiny_model
 
-from jspec.cache import KVCache
+from jspec.core.cache import KVCache
 from jspec.models.llama import Transformer
 from jspec.models.loading import build_model
 
@@ -165,7 +165,7 @@ def test_config_errors():
 def test_bfloat16_weights_keep_bfloat16_caches_in_both_layer_loops(loop):
     """An accelerator's default (bfloat16 weights, scanned layers) traces: a float32 cache promoted the
     residual stream, which lax.scan refused as a carry and unrolled layers silently ran in float32."""
-    from jspec.heads import DraftHead, HeadConfig
+    from jspec.heads.eagle import DraftHead, HeadConfig
 
     model = Transformer(tiny_config(), rngs=nnx.Rngs(0), dtype=jnp.bfloat16, layer_loop=loop)
     out = model(jnp.array([[5, 6, 7]]), _positions(1, 0, 3), model.init_cache(1, 8), hidden_layers=(0, 2))

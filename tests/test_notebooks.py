@@ -129,11 +129,13 @@ def test_every_jspec_name_a_notebook_uses_exists(path):
 
 def test_a_missing_name_is_reported():
     """Negative control of the name check."""
-    assert jspec_names_missing("from jspec.bench import run_interleaved, no_such_thing\njspec.trace.nope(1)") == [
-        "jspec.bench.no_such_thing",
-        "jspec.trace.nope",
+    assert jspec_names_missing(
+        "from jspec.analysis.bench import run_interleaved, no_such_thing\njspec.analysis.trace.nope(1)"
+    ) == [
+        "jspec.analysis.bench.no_such_thing",
+        "jspec.analysis.trace.nope",
     ]
-    assert jspec_names_missing("import jspec\n!pip -q install x\njspec.bench.run_interleaved") == []
+    assert jspec_names_missing("import jspec\n!pip -q install x\njspec.analysis.bench.run_interleaved") == []
 
 
 @pytest.mark.slow  # 24 s for the first, 1.5-2 minutes for the others; make notebooks runs them all

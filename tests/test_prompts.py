@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jspec.prompts import SPEC_BENCH_DEFAULT, load_prompts
+from jspec.analysis.prompts import SPEC_BENCH_DEFAULT, load_prompts
 
 
 def test_spec_bench_style_file(tmp_path):

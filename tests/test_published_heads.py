@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
 import jspec  # noqa: E402
+from jspec.core.sampling import SamplingParams  # noqa: E402
+from jspec.core.tree import DynamicTreeSpec  # noqa: E402
 from jspec.drafters.base import Context  # noqa: E402
-from jspec.head_export import export_head  # noqa: E402
-from jspec.head_formats import detect_format, load_any_head  # noqa: E402
-from jspec.sampling import SamplingParams  # noqa: E402
-from jspec.tree import DynamicTreeSpec  # noqa: E402
+from jspec.heads.export import export_head  # noqa: E402
+from jspec.heads.formats import detect_format, load_any_head  # noqa: E402
 
 L, H, V, K = 8, 32, 64, 40  # target layers, width, vocabulary; draft vocabulary
 HEADS, KV, D, F = 4, 2, 8, 48
@@ -340,7 +340,7 @@ def test_sampling_through_a_loaded_eagle3_head_keeps_the_targets_distribution(ta
 def test_a_jspec_head_exported_drafts_the_same_through_the_reference_and_back_in_jspec(target, tmp_path, fmt):
     from flax import nnx
 
-    from jspec.heads import DraftHead, HeadConfig
+    from jspec.heads.eagle import DraftHead, HeadConfig
 
     model = target[1]
     layers = (1, L // 2 - 1, L - 4) if fmt == "eagle" else (2, L // 2, L - 3)  # jspec's default: outputs 2, L/2, L-3
@@ -428,8 +428,8 @@ def test_export_head_command(target, tmp_path):
     the head cannot be stated in."""
     from flax import nnx
 
-    from jspec.cli import main
-    from jspec.heads import DraftHead, HeadConfig, save_head
+    from jspec.cli.main import main
+    from jspec.heads.eagle import DraftHead, HeadConfig, save_head
 
     model, folder = target[1], target[2]
     config = HeadConfig.for_target(model.config, "eagle3", draft_vocab_size=K)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jspec.cli import main
-from jspec.heads import load_head
+from jspec.cli.main import main
+from jspec.heads.eagle import load_head
 from jspec.training.recipe import Recipe, load_extra_data, train_head
 
 

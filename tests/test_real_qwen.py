@@ -3,7 +3,7 @@
 import pytest
 from conftest import assert_greedy_matches, assert_logits_match, transformers_reference
 
-from jspec.decode import Decoder
+from jspec.loop.decode import Decoder
 from jspec.models.hub import load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
@@ -51,7 +51,7 @@ def test_chat_template_and_greedy_generation_match(qwen, reference):
 def test_draft_model_greedy_equals_plain_greedy_on_the_qwen_pair():
     """Qwen2.5-Coder-0.5B drafting for 1.5B: speculative greedy output is plain greedy output."""
     from jspec.drafters import DraftModel
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.engine import SpeculativeDecoder
 
     target, tok = load_model("qwen2.5-coder-1.5b")
     draft, _ = load_model("qwen2.5-coder-0.5b")

@@ -6,12 +6,12 @@ import pytest
 from scipy import stats
 from stats_util import LEVEL
 
-from jspec.check import two_sample_chi2
-from jspec.decode import Decoder
+from jspec.analysis.check import two_sample_chi2
+from jspec.core.sampling import SamplingParams
+from jspec.core.verify import verify_chain
 from jspec.drafters import PromptLookup
-from jspec.engine import SpeculativeDecoder
-from jspec.sampling import SamplingParams
-from jspec.verify import verify_chain
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 pytestmark = pytest.mark.slow
 

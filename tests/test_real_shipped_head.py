@@ -7,14 +7,14 @@ import pytest
 from scipy import stats
 from stats_util import LEVEL
 
-from jspec.check import two_sample_chi2
-from jspec.decode import Decoder
+from jspec.analysis.check import two_sample_chi2
+from jspec.core.sampling import SamplingParams
+from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import EagleDrafter
-from jspec.engine import SpeculativeDecoder
-from jspec.heads import load_head
+from jspec.heads.eagle import load_head
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 from jspec.models.hub import shipped_head
-from jspec.sampling import SamplingParams
-from jspec.tree import DynamicTreeSpec, StaticTree
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import PARITY_RTOL, assert_greedy_matches, assert_logits_match, transformers_reference
 
-from jspec.decode import Decoder
+from jspec.loop.decode import Decoder
 from jspec.models.hub import ensure_gguf, load_model, verify_file
 from jspec.models.loading import load_folder
 from jspec.models.registry import get_source
@@ -162,7 +162,7 @@ def test_hugging_face_folder_gives_the_same_logits_and_tokens(tmp_path, smollm2,
 def test_prompt_lookup_greedy_equals_plain_greedy(smollm2):
     """Speculative greedy output is plain greedy output, token for token, on the real model."""
     from jspec.drafters import PromptLookup
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.engine import SpeculativeDecoder
 
     model, tok = smollm2
     code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
@@ -179,7 +179,7 @@ def test_lookahead_greedy_equals_plain_greedy(smollm2):
     """Lookahead decoding on the real model, two rows of different lengths (a pool and a window each):
     plain greedy output, token for token, with candidates accepted."""
     from jspec.drafters import LookaheadDecoding
-    from jspec.engine import SpeculativeDecoder
+    from jspec.loop.engine import SpeculativeDecoder
 
     model, tok = smollm2
     code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"

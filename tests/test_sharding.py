@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import xla_flags
 
-from jspec.sampling import SamplingParams
-from jspec.sharding import batch_mesh, padded_rows, shard_rows
+from jspec.core.sampling import SamplingParams
+from jspec.loop.sharding import batch_mesh, padded_rows, shard_rows
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -119,7 +119,7 @@ def test_a_process_count_that_does_not_match_the_coordinator_is_refused():
 
 
 def test_bad_distributed_arguments_are_refused_before_joining():
-    from jspec.sharding import initialize
+    from jspec.loop.sharding import initialize
 
     with pytest.raises(ValueError, match="host:port"):
         initialize("localhost", 2, 0)
@@ -135,7 +135,7 @@ def test_the_cost_profile_is_measured_over_the_mesh(meshes):
 
 
 def test_mesh_sizes_from_text():
-    from jspec.sharding import make_mesh, parse_mesh
+    from jspec.loop.sharding import make_mesh, parse_mesh
 
     assert parse_mesh("data=2,model=4") == {"data": 2, "model": 4} and parse_mesh("model=2") == {"model": 2}
     for bad in ("data=2,tensor=4", "data=0", "model=x", "data=2,data=2", "4"):
@@ -177,7 +177,7 @@ def test_shard_rows_pads_per_row_arrays_and_replicates_the_rest():
 def test_a_mesh_that_is_not_one_is_a_clear_error():
     from tiny import tiny_model
 
-    from jspec.decode import Decoder
+    from jspec.loop.decode import Decoder
 
     with pytest.raises(ValueError, match=r"must be a jax\.sharding\.Mesh"):
         Decoder(tiny_model("qwen2", seed=0), mesh=jax.devices())

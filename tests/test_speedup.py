@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from jspec.simulate import pair_with_overlap, simulate_chain
-from jspec.speedup import (
+from jspec.analysis.simulate import pair_with_overlap, simulate_chain
+from jspec.analysis.speedup import (
     best_num_draft,
     estimate,
     expected_alpha,

@@ -110,8 +110,8 @@ def test_two_processes_over_one_mesh_train_one_devices_head():
 @pytest.mark.slow  # ~100 s; the mesh and accumulation steps themselves are the tests above
 def test_the_command_line_trains_over_a_mesh_with_accumulation_and_reports_one_json(tmp_path):
     env = dict(os.environ, XLA_FLAGS=xla_flags(2))
-    argv = [sys.executable, "-m", "jspec.cli", "train", "eagle3", "--tiny", "--mesh", "data=2", "--accumulate", "2",
-            "--eval-prompts", "0", "--json", "--out", str(tmp_path / "head")]  # fmt: skip
+    argv = [sys.executable, "-m", "jspec.cli.main", "train", "eagle3", "--tiny", "--mesh", "data=2", "--accumulate",
+            "2", "--eval-prompts", "0", "--json", "--out", str(tmp_path / "head")]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)

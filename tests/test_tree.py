@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jspec.core.sampling import sample
+from jspec.core.tree import StaticTree, ancestor_mask, verify_tree, verify_tree_batch
+from jspec.core.verify import verify_chain
 from jspec.drafters.unroll import grow_dynamic_tree, select_dynamic_tree
-from jspec.sampling import sample
-from jspec.tree import StaticTree, ancestor_mask, verify_tree, verify_tree_batch
-from jspec.verify import verify_chain
 
 V = 6  # toy vocabulary
 

@@ -7,12 +7,12 @@ import pytest
 from flax import nnx, struct
 from tiny import tiny_model
 
-from jspec.cache import KVCache
-from jspec.decode import Decoder
+from jspec.core.cache import KVCache
+from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import EagleDrafter, Feedback, TreeProposal
-from jspec.engine import SpeculativeDecoder
-from jspec.heads import DraftHead, HeadConfig, draft_vocabulary
-from jspec.tree import DynamicTreeSpec, StaticTree
+from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
+from jspec.loop.decode import Decoder
+from jspec.loop.engine import SpeculativeDecoder
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
@@ -165,8 +165,8 @@ def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkey
     """After a tree step, the draft model's cache holds exactly what a fresh prefill of the
     committed text gives (the accepted nodes' entries moved from their tree slots); a path
     reaching a leaf leaves the leaf pending. Negative control: keeping the first slots instead."""
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import Context, DraftModel
-    from jspec.sampling import SamplingParams
 
     draft = tiny_model("qwen2", seed=1, num_layers=2)
     drafter = DraftModel.from_model(draft, V, tree=StaticTree.from_branching([2, 2, 2]))
@@ -203,13 +203,13 @@ def test_draft_model_tree_commit_moves_the_accepted_path_into_place(path, monkey
         assert not np.allclose(broken.cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5)
 
 
-@pytest.mark.slow  # 29 s; a tool for looking inside a step (jspec.trace), not part of decoding
+@pytest.mark.slow  # 29 s; a tool for looking inside a step (jspec.analysis.trace), not part of decoding
 def test_first_step_trace_is_the_loops_first_step(target):
-    """jspec.trace.first_step: the tree, the accepted path and the tokens of the loop's first step
+    """jspec.analysis.trace.first_step: the tree, the accepted path and the tokens of the loop's first step
     (sampled: the same keys; a chain and a drafter that finds nothing to draft, a plain step)."""
+    from jspec.analysis.trace import first_step
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import PromptLookup
-    from jspec.sampling import SamplingParams
-    from jspec.trace import first_step
 
     sampling = SamplingParams.create(1.0)
     plain = Decoder(target).generate(PROMPTS[:1], 20).tokens

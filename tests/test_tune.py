@@ -89,7 +89,7 @@ def test_a_profile_with_malformed_costs_is_refused(profile, tmp_path):
 
 @pytest.mark.slow  # 39 s; profiles are measured, cached and refused on a tiny model above
 def test_tune_profile_on_the_real_model_measures_once_then_reuses(capsys, smollm2, tmp_path, monkeypatch):
-    from jspec.cli import main
+    from jspec.cli.main import main
     from jspec.models.hub import cache_root
 
     for name in ("models", "wheels"):  # the model as converted already; the profile goes to the test's own cache

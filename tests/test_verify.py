@@ -13,8 +13,8 @@ from hypothesis.extra import numpy as hnp
 from stats_util import LEVEL, gof_p_value
 
 from jspec import SamplingParams, probs_from_logits, sample
-from jspec.check import verify_chain_without_residual
-from jspec.verify import (
+from jspec.analysis.check import verify_chain_without_residual
+from jspec.core.verify import (
     acceptance_probability,
     residual_distribution,
     verify_chain,
@@ -203,7 +203,7 @@ def test_deterministic_drafts_need_no_one_hot_rows(monkeypatch):
     tokens, num_accepted = _run_deterministic(drafts, q, 30_000, seed=1)
     assert abs(np.mean(num_accepted >= 1) - float(q[0, drafts[0]])) < 0.01
     assert min(_position_p_values(tokens, num_accepted, np.asarray(q))) > LEVEL
-    monkeypatch.setattr("jspec.verify.residual_distribution", lambda q, p: q)
+    monkeypatch.setattr("jspec.core.verify.residual_distribution", lambda q, p: q)
     tokens, num_accepted = _run_deterministic(drafts, q, 30_000, seed=1)
     assert min(_position_p_values(tokens, num_accepted, np.asarray(q))) < LEVEL
 
@@ -226,11 +226,11 @@ def test_logits_verifiers_equal_the_probability_ones_and_trace_once():
     np.testing.assert_array_equal(
         np.asarray(deterministic.tokens), np.asarray(verify_chain_batch(drafts, None, q, keys).tokens)
     )
-    import jspec.verify
+    import jspec.core.verify
 
-    compiled = jspec.verify._verify_chain_batch_logits._cache_size()
+    compiled = jspec.core.verify._verify_chain_batch_logits._cache_size()
     verify_chain_batch_logits(drafts, draft_logits, target_logits + 1.0, keys, SamplingParams.create(temperature=1.3))
-    assert jspec.verify._verify_chain_batch_logits._cache_size() == compiled  # new values, no new trace
+    assert jspec.core.verify._verify_chain_batch_logits._cache_size() == compiled  # new values, no new trace
     with pytest.raises(ValueError, match="target_logits must be"):
         verify_chain_batch_logits(drafts, draft_logits, target_logits[:, :n], keys)
 

@@ -9,7 +9,7 @@ import json
 import sys
 
 if len(sys.argv) > 2:
-    from jspec.sharding import initialize
+    from jspec.loop.sharding import initialize
 
     initialize(f"localhost:{sys.argv[2]}", 2, int(sys.argv[1]), timeout_s=120)
 
@@ -19,7 +19,7 @@ from test_eagle import _data, _head, _trainer
 from tiny import tiny_model
 
 import jspec.training.trainer as trainer_module
-from jspec.sharding import make_mesh
+from jspec.loop.sharding import make_mesh
 
 STEPS = 20
 # 8 attention heads of 4, 2 KV heads, MLP 64: a model axis of 2, 4 or 8 splits it.

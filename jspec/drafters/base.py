@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.control import cond
-from jspec.sampling import SamplingParams
+from jspec.core.sampling import SamplingParams
+from jspec.loop.control import cond
 
 __all__ = [
     "DEFAULT_NUM_DRAFT", "ChainProposal", "Context", "Drafter", "Feedback", "Lookahead", "TreeProposal",
@@ -124,7 +124,7 @@ class ChainProposal:
         None when every row drafts all N. Slots past a row's count are never accepted.
       confidence: float32[B, N], the drafter's estimate that each draft is accepted given the
         ones before it (a model drafter's own probability of the token), or None. An adaptive
-        loop with verify widths to choose from (:class:`jspec.adaptive.Adaptive`) weighs it.
+        loop with verify widths to choose from (:class:`jspec.loop.adaptive.Adaptive`) weighs it.
     """
 
     tokens: jax.Array
@@ -137,7 +137,7 @@ class ChainProposal:
 
 @struct.dataclass
 class TreeProposal:
-    """A draft tree per row (see :mod:`jspec.tree`); node 0 is the pending token.
+    """A draft tree per row (see :mod:`jspec.core.tree`); node 0 is the pending token.
 
     Attributes:
       tokens: int32[B, T].
@@ -232,7 +232,7 @@ class Drafter(Protocol):
 
 def draft_depth(num_draft: int | None, tree) -> int | None:
     """N: ``num_draft`` for a chain (default :data:`DEFAULT_NUM_DRAFT`), a tree's own depth for a tree
-    (None for a :class:`jspec.tree.MeasuredTree`, whose depth is chosen when its drafter is built).
+    (None for a :class:`jspec.core.tree.MeasuredTree`, whose depth is chosen when its drafter is built).
 
     Raises ValueError for N < 1, and for a ``num_draft`` that differs from the tree's depth
     (it would be ignored).
@@ -242,7 +242,7 @@ def draft_depth(num_draft: int | None, tree) -> int | None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"num_draft must be a whole number >= 1; got {n!r}.")
         return n
-    if tree.max_depth is None:  # a jspec.tree.MeasuredTree: its depth is chosen with the drafter
+    if tree.max_depth is None:  # a jspec.core.tree.MeasuredTree: its depth is chosen with the drafter
         if num_draft is not None:
             raise ValueError("num_draft conflicts with a measured tree, whose depth is chosen from the measured "
                              "acceptance; leave num_draft out.")  # fmt: skip

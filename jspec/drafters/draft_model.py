@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jspec.control import cond, when
-from jspec.decode import prefill
+from jspec.core.sampling import SamplingParams
+from jspec.core.tree import StaticTree
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth, if_proposed
 from jspec.drafters.unroll import draft_chain, draft_tree
-from jspec.sampling import SamplingParams
-from jspec.tree import StaticTree
+from jspec.loop.control import cond, when
+from jspec.loop.decode import prefill
 
 __all__ = ["DraftModel"]
 
@@ -34,7 +34,7 @@ class DraftModel:
       weights: the model's NNX state (the drafter's arrays).
       graphdef: the model's NNX graph (static).
       num_draft: N (a tree's depth).
-      tree: a :class:`jspec.tree.StaticTree` from ``from_branching``, or None for a chain.
+      tree: a :class:`jspec.core.tree.StaticTree` from ``from_branching``, or None for a chain.
     """
 
     weights: nnx.State
@@ -48,7 +48,7 @@ class DraftModel:
     def from_model(cls, model: nnx.Module, target, *, num_draft: int | None = None, tree: StaticTree | None = None):
         """The drafter for ``target`` (a model or its vocabulary size); refuses another vocabulary.
 
-        ``num_draft``: N for a chain (default 4). With ``tree`` (a :class:`jspec.tree.StaticTree`
+        ``num_draft``: N for a chain (default 4). With ``tree`` (a :class:`jspec.core.tree.StaticTree`
         made by ``from_branching``, e.g. [2, 2, 2]) every node's children are the model's most
         likely tokens after it, and N is the tree's depth.
         """

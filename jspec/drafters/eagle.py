@@ -1,4 +1,4 @@
-"""EAGLE drafting: a head (:mod:`jspec.heads`) drafts from the target's own hidden states.
+"""EAGLE drafting: a head (:mod:`jspec.heads.eagle`) drafts from the target's own hidden states.
 
 A chain (EAGLE-1 and EAGLE-3): N drafts, the head unrolled with ``lax.scan``. A
 tree: a static shape, or EAGLE-2's dynamic tree, whose best ``top_k`` nodes per
@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jspec.cache import KVCache
-from jspec.control import when
+from jspec.core.cache import KVCache
+from jspec.core.sampling import SamplingParams
+from jspec.core.tree import DynamicTreeSpec, StaticTree, frontier_sizes
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth, if_proposed
 from jspec.drafters.unroll import draft_chain, draft_tree
-from jspec.head_formats import load_eagle
-from jspec.heads import DraftHead
-from jspec.sampling import SamplingParams
-from jspec.tree import DynamicTreeSpec, StaticTree, frontier_sizes
+from jspec.heads.eagle import DraftHead
+from jspec.heads.formats import load_eagle
+from jspec.loop.control import when
 
 __all__ = ["EagleDrafter"]
 
@@ -51,7 +51,7 @@ class EagleDrafter:
       num_draft: N (a tree's depth).
       vocab_size: the target's vocabulary V (drafts are mapped from the draft vocabulary to it).
       hidden_layers: the target layers the head reads (its feature layers).
-      tree: None (a chain), a :class:`jspec.tree.StaticTree` or a :class:`jspec.tree.DynamicTreeSpec`.
+      tree: None (a chain), a :class:`jspec.core.tree.StaticTree` or a :class:`jspec.core.tree.DynamicTreeSpec`.
     """
 
     weights: nnx.State
@@ -72,8 +72,8 @@ class EagleDrafter:
         """The drafter for ``target``: a chain of ``num_draft`` (default 4), or a tree (N is its depth).
 
         Args:
-          head: a :class:`jspec.heads.DraftHead`, or the folder or Hub id of a head saved by jspec or
-            published in another format (:mod:`jspec.head_formats`), loaded and attached to ``target``.
+          head: a :class:`jspec.heads.eagle.DraftHead`, or the folder or Hub id of a head saved by jspec or
+            published in another format (:mod:`jspec.heads.formats`), loaded and attached to ``target``.
           target: the target model.
 
         Raises:

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jspec.core.sampling import SamplingParams
 from jspec.drafters.base import Context, Feedback, Lookahead, TreeProposal
-from jspec.sampling import SamplingParams
 
 __all__ = ["LookaheadDecoding", "window_mask"]
 

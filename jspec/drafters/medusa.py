@@ -1,4 +1,4 @@
-"""Medusa drafting: K heads (:mod:`jspec.medusa`) read the target's last hidden state once per step.
+"""Medusa drafting: K heads (:mod:`jspec.heads.medusa`) read the target's last hidden state once per step.
 
 A chain: head i's draft for the token i after the pending one, drawn from its own distribution
 (at the request's temperature; greedy picks its top token). A static tree ("Medusa choices",
@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from jspec.core.sampling import SamplingParams, probs_from_logits, sample
+from jspec.core.tree import MeasuredTree, StaticTree, frontier_sizes
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal, draft_depth
-from jspec.head_formats import load_medusa_heads
-from jspec.medusa import MedusaHeads, saved_rank_rates
-from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import MeasuredTree, StaticTree, frontier_sizes
+from jspec.heads.formats import load_medusa_heads
+from jspec.heads.medusa import MedusaHeads, saved_rank_rates
 
 __all__ = ["MedusaDrafter", "best_branching", "expected_accepted"]
 
@@ -75,7 +75,7 @@ class MedusaDrafter:
       graphdef: the heads' NNX graph (static).
       num_draft: N (a tree's depth), at most the number of heads.
       hidden_layers: the target's last layer, whose output the heads read.
-      tree: None (a chain) or a :class:`jspec.tree.StaticTree` from ``from_branching``.
+      tree: None (a chain) or a :class:`jspec.core.tree.StaticTree` from ``from_branching``.
     """
 
     weights: nnx.State
@@ -94,7 +94,7 @@ class MedusaDrafter:
                    tree: StaticTree | MeasuredTree | None = None, rates=None) -> MedusaDrafter:  # fmt: skip
         """The drafter for ``target``: a chain of ``num_draft`` (default: every head), or a static tree.
 
-        A :class:`jspec.tree.MeasuredTree` becomes the static tree of :func:`best_branching` for
+        A :class:`jspec.core.tree.MeasuredTree` becomes the static tree of :func:`best_branching` for
         ``rates`` (float[K, W], :func:`jspec.training.medusa.rank_rates`), by default the rates
         saved with the heads' folder.
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jspec.core.sampling import SamplingParams
+from jspec.core.tree import StaticTree
 from jspec.drafters.base import ChainProposal, Context, Feedback, TreeProposal
-from jspec.sampling import SamplingParams
-from jspec.tree import StaticTree
 
 __all__ = ["PromptLookup"]
 

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec.sampling import SamplingParams, probs_from_logits, sample
-from jspec.tree import DynamicTreeSpec, StaticTree, frontier_sizes, tree_attention_mask
+from jspec.core.sampling import SamplingParams, probs_from_logits, sample
+from jspec.core.tree import DynamicTreeSpec, StaticTree, frontier_sizes, tree_attention_mask
 
 __all__ = ["DynamicTree", "draft_chain", "draft_tree", "grow_dynamic_tree", "grow_static_tree", "select_dynamic_tree"]
 

@@ -1,4 +1,4 @@
-"""``jspec train``: a draft head trained end to end (the parser and the command; :mod:`jspec.cli` is the
+"""``jspec train``: a draft head trained end to end (the parser and the command; :mod:`jspec.cli.main` is the
 entry point)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from jspec.cli_common import add_mesh_options, mesh_from_args
+from jspec.cli.common import add_mesh_options, mesh_from_args
 
 __all__ = ["add_train_command"]
 
@@ -208,11 +208,11 @@ def _cmd_train(args) -> int:
 
 def _evaluate_head(head, model, tokenizer, args) -> dict:
     """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
-    from jspec.bench import run_prompts
+    from jspec.analysis.bench import run_prompts
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.drafters import EagleDrafter
-    from jspec.engine import SpeculativeDecoder
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
+    from jspec.loop.engine import SpeculativeDecoder
 
     prompts = load_prompts("mt-bench", None, args.eval_prompts)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]

@@ -277,7 +277,7 @@ def regenerate(decoder, tokenizer, conversations: list[list[dict]], seq_len: int
     left for a turn keeps its remaining turns out (it ends after its last rewritten one); one with no
     room for its first is None (the list stays aligned with ``conversations``).
 
-    ``decoder``: a :class:`jspec.decode.Decoder` of the target with its end-of-sequence ids.
+    ``decoder``: a :class:`jspec.loop.decode.Decoder` of the target with its end-of-sequence ids.
     """
     out = [list(c) for c in conversations]
     longest = max((sum(m["role"] == "assistant" for m in c) for c in out), default=0)

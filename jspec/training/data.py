@@ -148,7 +148,7 @@ def _word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 def evaluation_ngrams(n: int = 8) -> set[tuple[str, ...]]:
     """The word n-grams of every evaluation prompt (MT-bench, HumanEval, and Spec-Bench when present)."""
-    from jspec.prompts import SPEC_BENCH_DEFAULT, load_prompts
+    from jspec.analysis.prompts import SPEC_BENCH_DEFAULT, load_prompts
 
     sources = ["mt-bench", "humaneval"] + (["spec-bench"] if SPEC_BENCH_DEFAULT.is_file() else [])
     grams = set()
@@ -170,8 +170,8 @@ def self_instruct_prompts(model, tokenizer, count: int, *, seed: int = 0, max_to
     Deterministic for a given model, seed and batch size. Raises ValueError when the
     template has no user-message slot or ``count`` prompts are not found in 20 rounds.
     """
-    from jspec.decode import Decoder
-    from jspec.sampling import SamplingParams
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.decode import Decoder
 
     marker = "\x00"
     text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
@@ -246,8 +246,8 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     atomically); a run killed midway and started again with the same arguments takes those batches
     from it instead of generating them again.
     """
-    from jspec.decode import Decoder
-    from jspec.sampling import SamplingParams
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.decode import Decoder
 
     c = model.config
     decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)

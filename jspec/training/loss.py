@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jspec.cache import KVCache
-from jspec.heads import DraftHead
+from jspec.core.cache import KVCache
+from jspec.heads.eagle import DraftHead
 from jspec.models.llama import linear, rms_norm
 
 __all__ = ["head_loss", "loss_window", "teacher_forced_agreement", "ttt_forward", "ttt_mask", "window_starts"]

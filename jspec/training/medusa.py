@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.medusa import MedusaHeads
+from jspec.heads.medusa import MedusaHeads
 from jspec.models.llama import linear
 from jspec.training.loss import _rows, window_starts
 

@@ -15,8 +15,8 @@ import numpy as np
 from flax import nnx
 
 from jspec.files import write_text
-from jspec.heads import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
-from jspec.medusa import MedusaConfig, MedusaHeads, save_medusa
+from jspec.heads.eagle import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
+from jspec.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 from jspec.training.data import (
     generate_examples,
     load_shards,
@@ -105,8 +105,8 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
 
         rewrite, how = None, ""
         if recipe.regenerate:
-            from jspec.decode import Decoder
-            from jspec.sampling import SamplingParams
+            from jspec.core.sampling import SamplingParams
+            from jspec.loop.decode import Decoder
             from jspec.training.conversations import regenerate
 
             decoder = Decoder(target, eos_ids=tokenizer.eos_token_ids)

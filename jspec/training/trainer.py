@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jspec.heads import DraftHead
+from jspec.heads.eagle import DraftHead
 from jspec.training.loss import head_loss, loss_window, token_counts
 
 __all__ = ["PEAK_FLOPS", "TrainConfig", "Trainer", "batch_order", "make_optimizer", "peak_flops"]
@@ -164,10 +164,10 @@ class Trainer:
         return cls(heads, None, None, 0.0, config, checkpoint_dir, loss=loss)
 
     def shard(self, mesh) -> Trainer:
-        """Trains over ``mesh`` (:func:`jspec.sharding.make_mesh`; see the module docstring): batches split
+        """Trains over ``mesh`` (:func:`jspec.loop.sharding.make_mesh`; see the module docstring): batches split
         over its ``data`` axis, the target's weights over ``model``. Call before :meth:`restore`; a
         checkpoint written on any mesh (or one device) restores onto any other."""
-        from jspec.sharding import DATA, axis_size, check_mesh, place_model, replicate
+        from jspec.loop.sharding import DATA, axis_size, check_mesh, place_model, replicate
 
         online = self._online
         check_mesh(mesh, None if online is None else nnx.merge(online[0], online[1]).config)
@@ -241,7 +241,7 @@ class Trainer:
         return params, opt_state, metrics | {"grad_norm": optax.tree.norm(g)}
 
     def _place_batch(self, batch: dict) -> dict:
-        from jspec.sharding import shard_rows
+        from jspec.loop.sharding import shard_rows
 
         rows = len(batch["tokens"])
         return shard_rows(self.mesh, batch, rows, rows)
@@ -318,7 +318,7 @@ class Trainer:
         bfloat16 peak, :data:`PEAK_FLOPS`; None where the peak is not known, as on CPUs) and the
         step's metrics.
         """
-        from jspec.sharding import to_host
+        from jspec.loop.sharding import to_host
 
         c = self.config
         until = c.total_steps if until is None else min(until, c.total_steps)
@@ -352,7 +352,7 @@ class Trainer:
 
     def head(self) -> DraftHead:
         """The trained head, its arrays on the host's default device (gathered from a mesh)."""
-        from jspec.sharding import to_host
+        from jspec.loop.sharding import to_host
 
         if self.mesh is None:
             params, frozen = self.params, self.frozen

@@ -1,5 +1,5 @@
 """``jspec tune``: the workload tuner, and ``jspec tune profile``, the machine's cost profile (the parsers
-and the commands; :mod:`jspec.cli` is the entry point)."""
+and the commands; :mod:`jspec.cli.main` is the entry point)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from jspec.cli_common import add_mesh_options, mesh_from_args
+from jspec.cli.common import add_mesh_options, mesh_from_args
 
 __all__ = ["add_tune_commands"]
 
@@ -95,9 +95,9 @@ def _cmd_tune_profile(args) -> int:
 
 def _cmd_tune(args) -> int:
     """Probe, predict, measure and recommend for each batch size and temperature asked."""
+    from jspec.analysis.prompts import load_prompts
     from jspec.methods import TUNED, needs_of, options_of, parse_tree
     from jspec.models.hub import load_model, shipped_head
-    from jspec.prompts import load_prompts
     from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
     from jspec.tune.tuned import BANDS, TunedConfig, band_of, save_tuned, tuned_path
     from jspec.tune.workload import available_families, tune_cell
@@ -141,7 +141,7 @@ def _cmd_tune(args) -> int:
         except ValueError:
             head = None
     if head is not None:
-        from jspec.head_formats import load_eagle
+        from jspec.heads.formats import load_eagle
 
         head = load_eagle(head, model)  # read once, for every probe and candidate
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
@@ -219,7 +219,7 @@ def _print_table(config) -> None:
 
 
 def _plot(rows, path, title) -> None:
-    from jspec.cli_common import figure
+    from jspec.cli.common import figure
 
     measured = [r for r in rows if "measured_speedup" in r and r["name"] != "ar"]  # plain is 1 by definition
     fig = figure(figsize=(7, 6))

@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.batching import bucket
-from jspec.decode import jit_forward, prefill
+from jspec.core.sampling import SamplingParams
 from jspec.drafters.base import Context, Feedback, check_drafter, merge_drafter, split_drafter
 from jspec.files import write_text
-from jspec.sampling import SamplingParams
-from jspec.sharding import place_model, replicate
+from jspec.loop.batching import bucket
+from jspec.loop.decode import jit_forward, prefill
+from jspec.loop.sharding import place_model, replicate
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
            "measure_profile", "prefill_cost", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
@@ -182,7 +182,7 @@ class CostProfile:
         ``eagle3:tree=dynamic:4:3:8``.
       seconds: how long measuring took, compilation included.
       created: when (UTC, ISO 8601); version: the profile format.
-      mesh: ``"DxM"``, the data and model axes it ran over (:mod:`jspec.sharding`); "" for one device.
+      mesh: ``"DxM"``, the data and model axes it ran over (:mod:`jspec.loop.sharding`); "" for one device.
     """
 
     model: str
@@ -295,7 +295,7 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
     given: each width is a program to compile) and each drafter's step, all interleaved round by
     round after a warm-up round, at the batch bucket of ``batch`` (rounded up to a multiple of the
     mesh's data axis), over ``mesh`` when given."""
-    from jspec.sharding import check_mesh, padded_rows
+    from jspec.loop.sharding import check_mesh, padded_rows
 
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError(f"max_k, context and repeats must be >= 1; got {max_k}, {context}, {repeats}.")
@@ -357,8 +357,8 @@ def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7
     """The drafters a profile measures, by name (:func:`jspec.methods.label_of`): every family the tuner
     tries (:func:`jspec.methods.tuned_families`: prompt lookup; the EAGLE head, ``head`` or the one shipped
     for ``model_name``, if any; the draft model, if given) at each N and each tree it drafts."""
-    from jspec.head_formats import load_eagle
-    from jspec.heads import DraftHead
+    from jspec.heads.eagle import DraftHead
+    from jspec.heads.formats import load_eagle
     from jspec.methods import drafts, label_of, make_drafter, options_of, tuned_families
     from jspec.models.hub import shipped_head
 

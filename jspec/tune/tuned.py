@@ -2,7 +2,7 @@
 
 The recommendation is one :class:`Setting` (plain decoding, or a drafter with its N or tree, with
 or without the adaptive fallback) per temperature band and batch size measured. ``--method auto``
-reads it (:class:`jspec.auto.AutoDecoder`); :func:`load_tuned` refuses a damaged file, another
+reads it (:class:`jspec.tune.auto.AutoDecoder`); :func:`load_tuned` refuses a damaged file, another
 format, or a config made for another model or vocabulary, naming the file and what is wrong.
 
 Temperature bands (temperature-aware switching): greedy (T = 0), low (0 < T <= 0.7) and high
@@ -17,8 +17,8 @@ import datetime
 import json
 import pathlib
 
-from jspec.adaptive import Adaptive, StepCosts
 from jspec.files import write_text
+from jspec.loop.adaptive import Adaptive, StepCosts
 from jspec.methods import TUNED, label_of, options_of, parse
 
 __all__ = ["BANDS", "TUNED_VERSION", "Recommendation", "Setting", "TunedConfig", "band_of", "load_tuned",
@@ -47,7 +47,7 @@ class Setting:
       tree: a tree as :func:`jspec.methods.parse_tree` reads it ("dynamic", "2,2,1"), or None.
       adaptive: fall back to plain steps where speculation does not pay (needs ``costs``).
       costs: (speculative, plain) step costs in plain steps for the adaptive policy
-        (:class:`jspec.adaptive.StepCosts`), from the machine's cost profile.
+        (:class:`jspec.loop.adaptive.StepCosts`), from the machine's cost profile.
     """
 
     method: str

@@ -14,7 +14,7 @@ For one batch size and one temperature, :func:`tune_cell`
 3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
    decoding again, interleaved, and recommends the fastest measured among those whose speedup
    over plain decoding is above 1 with 95% confidence (a paired t interval over the prompts,
-   :func:`jspec.bench.speedup_interval`); plain decoding when none is (speculation must never
+   :func:`jspec.analysis.bench.speedup_interval`); plain decoding when none is (speculation must never
    make a user slower, and a point estimate from a few prompts swings by +-20% here).
 """
 
@@ -60,7 +60,7 @@ def predict(setting: Setting, probe: dict, plain: dict, profile) -> float:
 
     Args:
       setting: a chain at N <= the probe's N, or the probe's own tree.
-      probe: the probe's :func:`jspec.bench.run_interleaved` entry (acceptance, steps, tokens) with
+      probe: the probe's :func:`jspec.analysis.bench.run_interleaved` entry (acceptance, steps, tokens) with
         ``verify_width``, the tokens of one verify forward.
       plain: plain decoding's entry on the same prompts, with ``prefill_seconds``, what the same
         calls take with a budget of one token (the prefills): the rest over its steps is one plain
@@ -101,9 +101,9 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
       (the recommendation, one row per candidate: ``name``, ``predicted_speedup``, and where
       measured ``measured_speedup``, ``tau``, ``acceptance_by_position``, ``round`` ("probe" or "verify")).
     """
-    from jspec.adaptive import StepCosts
-    from jspec.bench import run_interleaved
-    from jspec.sampling import SamplingParams
+    from jspec.analysis.bench import run_interleaved
+    from jspec.core.sampling import SamplingParams
+    from jspec.loop.adaptive import StepCosts
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     sampling = SamplingParams.create(temperature)
@@ -180,7 +180,7 @@ def _width_of(setting: Setting, first: dict) -> int:
 
 
 def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
-    from jspec.bench import speedup_interval
+    from jspec.analysis.bench import speedup_interval
 
     row |= {
         "measured_speedup": entry["tokens_per_s"] / plain["tokens_per_s"],

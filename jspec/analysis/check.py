@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from jspec.sampling import sample
-from jspec.simulate import Verifier, simulate_steps
-from jspec.speedup import expected_alpha, expected_tokens_from_rates
-from jspec.verify import verify_chain
+from jspec.analysis.simulate import Verifier, simulate_steps
+from jspec.analysis.speedup import expected_alpha, expected_tokens_from_rates
+from jspec.core.sampling import sample
+from jspec.core.verify import verify_chain
 
 __all__ = [
     "CheckConfig",

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.sampling import SamplingParams, check_distribution, is_concrete, probs_from_logits, sample
+from jspec.core.sampling import SamplingParams, check_distribution, is_concrete, probs_from_logits, sample
 
 __all__ = [
     "ChainVerdict",

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec.sharding import DATA, MODEL, constrain
+from jspec.loop.sharding import DATA, MODEL, constrain
 
 __all__ = ["KVCache"]
 
@@ -38,7 +38,7 @@ class KVCache:
         if capacity < 1 or batch < 1:
             raise ValueError(f"cache needs batch >= 1 and capacity >= 1; got {batch} and {capacity}.")
         shape = (num_layers, batch, capacity, num_kv_heads, head_dim)
-        axes = (None, DATA, None, MODEL, None)  # rows and KV heads split over a mesh (jspec.sharding)
+        axes = (None, DATA, None, MODEL, None)  # rows and KV heads split over a mesh (jspec.loop.sharding)
         k, v = (constrain(jnp.zeros(shape, dtype), axes) for _ in "kv")
         return cls(k, v, constrain(jnp.zeros((batch,), jnp.int32), (DATA,)))
 

@@ -71,7 +71,7 @@ def add_mesh_options(p: argparse.ArgumentParser) -> None:
 def mesh_from_args(args):
     """The mesh ``--mesh`` asks for (None without it), joining the other processes first when
     ``--coordinator`` is given; bad values are refused before any model loads."""
-    from jspec.sharding import initialize, make_mesh, parse_mesh
+    from jspec.loop.sharding import initialize, make_mesh, parse_mesh
 
     distributed = (args.coordinator, args.num_processes, args.process_id)
     if any(v is not None for v in distributed):
@@ -158,7 +158,7 @@ def plot_bench(out: dict, path: str) -> None:
 
 def plot_speedup(alpha: float, cost_ratio: float, verify_cost, max_n: int, path: str) -> None:
     """Speedup and expected tokens per target forward against N for one (alpha, c, r)."""
-    from jspec.speedup import estimate
+    from jspec.analysis.speedup import estimate
 
     ns = list(range(1, max_n + 1))
     ests = [estimate(alpha, n, cost_ratio, verify_cost) for n in ns]

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core.sampling import SamplingParams, probs_from_logits, sample_logits
+from jspec.core.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
+from jspec.core.verify import verify_chain_batch
 from jspec.drafters.base import TreeProposal, check_drafter
-from jspec.engine import start
-from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
-from jspec.verify import verify_chain_batch
+from jspec.loop.engine import start
 
 __all__ = ["StepTrace", "first_step"]
 

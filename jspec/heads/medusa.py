@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.files import atomic_write, write_text
-from jspec.heads import Frozen, read_tensors
+from jspec.heads.eagle import Frozen, read_tensors
 from jspec.models.llama import linear, rms_norm
 
 __all__ = ["MedusaConfig", "MedusaHeads", "load_medusa", "save_medusa", "saved_rank_rates"]
@@ -68,7 +68,7 @@ class MedusaHeads(nnx.Module):
         self.b = nnx.Param(jnp.zeros((c.num_heads, c.hidden_size), dtype))
         self.final_norm = Frozen(jnp.ones((c.hidden_size,), dtype))
         self.lm_head = Frozen(jnp.zeros((c.vocab_size, c.hidden_size), dtype))
-        # Untied: head k's own output layer [K, V, H], read from its file (jspec.head_formats), never trained here.
+        # Untied: head k's own output layer [K, V, H], read from its file (jspec.heads.formats), never trained here.
         self.head_out = Frozen(jnp.zeros((c.num_heads, c.vocab_size, c.hidden_size), dtype)) if c.untied else None
 
     def attach_target(self, target) -> None:

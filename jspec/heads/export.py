@@ -1,7 +1,7 @@
 """jspec's heads written in the layouts that serving engines load: SGLang (``specforge``), vLLM
 (``speculators``), SafeAILab/EAGLE (``eagle``) and FasterDecoding/Medusa (``medusa``).
 
-The writer of each layout is the inverse of its reader in :mod:`jspec.head_formats` (an export read back
+The writer of each layout is the inverse of its reader in :mod:`jspec.heads.formats` (an export read back
 drafts what the head drafts); ``docs/head_formats.md`` gives each layout's facts with their sources.
 """
 
@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 
 from jspec.files import temporary_dir
-from jspec.heads import DraftHead, HeadConfig
-from jspec.medusa import MedusaHeads
+from jspec.heads.eagle import DraftHead, HeadConfig
+from jspec.heads.medusa import MedusaHeads
 
 __all__ = ["EXPORTS", "export_head"]
 

@@ -1,6 +1,6 @@
 """When speculation pays: the adaptive loop's policy and the step costs it weighs.
 
-The engine (:mod:`jspec.engine`) asks :func:`worth_speculating` before each step of an adaptive
+The engine (:mod:`jspec.loop.engine`) asks :func:`worth_speculating` before each step of an adaptive
 loop: each live row's running estimate of accepted drafts against what a speculative and a plain
 step cost on this machine (:class:`StepCosts`, from the cost profile of :mod:`jspec.tune`).
 """
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec.control import switch
+from jspec.loop.control import switch
 
 __all__ = ["Adaptive", "StepCosts", "check_widths", "choose_width", "narrow_verify", "worth_speculating"]
 
@@ -34,7 +34,7 @@ class Adaptive:
       widths: narrower verify forwards (tokens: the pending one and w - 1 drafts) a chain may
         stop at, besides the full N + 1; each step takes the width whose expected tokens (from
         the drafter's confidence in each draft) per cost (``StepCosts.forward``) is highest.
-        Each width is one more compiled forward (:func:`jspec.control.switch`); () keeps the full width.
+        Each width is one more compiled forward (:func:`jspec.loop.control.switch`); () keeps the full width.
     """
 
     probe_every: int = 8
@@ -147,7 +147,7 @@ def _narrow_forward(target, w: int, full: int, hidden_layers, tokens, positions,
 
 def narrow_verify(target, drafter, proposal, live, costs: StepCosts, widths, tokens, positions, cache, hidden_layers):
     """The verify forward of a chain at the width :func:`choose_width` picks (one compiled forward
-    per width, :func:`jspec.control.switch`), and each row's draft count cut to it.
+    per width, :func:`jspec.loop.control.switch`), and each row's draft count cut to it.
 
     Returns:
       (the target's output over N + 1 positions, int32[B] drafts to verify per row).
@@ -158,7 +158,7 @@ def narrow_verify(target, drafter, proposal, live, costs: StepCosts, widths, tok
     n = proposal.tokens.shape[1]
     pick = choose_width(proposal.confidence, live, costs, widths)
     forwards = [functools.partial(_narrow_forward, target, w, n + 1, hidden_layers) for w in (*widths, n + 1)]
-    # jspec.control.switch keeps the cache in place: the carry is an output of the full width's shapes
+    # jspec.loop.control.switch keeps the cache in place: the carry is an output of the full width's shapes
     # (zeros, never read: one width always runs) holding the cache each width writes into.
     shapes = jax.eval_shape(forwards[-1], tokens, positions, cache)
     empty = dataclasses.replace(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), cache=cache)

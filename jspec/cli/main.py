@@ -22,8 +22,8 @@ def _add_json(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_check(args) -> int:
-    from jspec.check import CheckConfig, run_check, verify_chain_without_residual
-    from jspec.verify import verify_chain
+    from jspec.analysis.check import CheckConfig, run_check, verify_chain_without_residual
+    from jspec.core.verify import verify_chain
 
     config = CheckConfig(
         steps=args.steps,
@@ -68,7 +68,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_speedup(args) -> int:
-    from jspec.speedup import best_num_draft, estimate, linear_verify_cost
+    from jspec.analysis.speedup import best_num_draft, estimate, linear_verify_cost
 
     r = linear_verify_cost(args.verify_cost, args.verify_slope)
     if args.n is not None:
@@ -90,7 +90,7 @@ def _cmd_speedup(args) -> int:
         "worthwhile": est.worthwhile,
     }
     if args.plot:
-        from jspec.cli_common import plot_speedup
+        from jspec.cli.common import plot_speedup
 
         plot_speedup(args.alpha, args.cost_ratio, r, min(args.max_n, max(16, 2 * best.num_draft)), args.plot)
     if args.json:
@@ -144,8 +144,8 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_export_head(args) -> int:
-    from jspec.head_export import export_head
-    from jspec.head_formats import load_any_head
+    from jspec.heads.export import export_head
+    from jspec.heads.formats import load_any_head
     from jspec.models.hub import load_model
 
     model, _ = load_model(args.model, dtype="float32")  # the head is attached to its target to be read
@@ -187,8 +187,8 @@ def reference(width: int = 100) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from jspec import __version__
-    from jspec.cli_common import Parser
-    from jspec.generate_cli import add_decode_commands
+    from jspec.cli.common import Parser
+    from jspec.cli.generate import add_decode_commands
     from jspec.training.cli import add_train_command
     from jspec.tune.cli import add_tune_commands
 
@@ -267,7 +267,7 @@ def _interruptible(args) -> int:
     the command's interrupt hooks run (``generate`` prints what it generated), one line goes to stderr,
     and the process exits with 130. Every file jspec writes is renamed into place when complete and
     training resumes from its checkpoints, so stopping at any moment loses nothing finished."""
-    from jspec.cli_common import interrupt_hooks
+    from jspec.cli.common import interrupt_hooks
 
     box = {}
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "bench", "train", "tune"):
-        from jspec.xla_cache import enable_compilation_cache
+        from jspec.loop.xla_cache import enable_compilation_cache
 
         enable_compilation_cache()
     quiet = getattr(args, "json", False)  # --json: one object on stdout and no progress bars on stderr

@@ -2,7 +2,7 @@
 
 :func:`simulate_steps` is the one toy simulation: drafts drawn from p_i, verified
 against q_i by a chain verifier, chunk by chunk. The exactness check
-(:mod:`jspec.check`) compares what it emits with direct draws; :func:`simulate_chain`
+(:mod:`jspec.analysis.check`) compares what it emits with direct draws; :func:`simulate_chain`
 checks the speedup math with it: the tokens per verify must match E(α, N), and
 the acceptance rate must match E[Σ min(p, q)].
 """
@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.sampling import sample
-from jspec.speedup import expected_alpha, expected_tokens
-from jspec.verify import ChainVerdict, verify_chain
+from jspec.analysis.speedup import expected_alpha, expected_tokens
+from jspec.core.sampling import sample
+from jspec.core.verify import ChainVerdict, verify_chain
 
 __all__ = ["SimulatedRun", "pair_with_overlap", "simulate_chain", "simulate_steps"]
 

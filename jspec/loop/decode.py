@@ -3,7 +3,7 @@
 The whole loop (prefill, then one token per step until every row has hit
 end-of-sequence or its own ``max_new_tokens``) runs inside one jitted
 ``lax.while_loop``; nothing returns to the host per token. Requests are made
-ready by :func:`jspec.batching.batch_inputs` (buckets, padding, budgets), so one
+ready by :func:`jspec.loop.batching.batch_inputs` (buckets, padding, budgets), so one
 compilation serves every request in a bucket.
 
 The model is any Flax NNX module with the target interface:
@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.batching import (
+from jspec.core.sampling import SamplingParams, sample_logits
+from jspec.loop.batching import (
     CompiledLoops,
     LoopConfig,
     View,
@@ -33,9 +34,8 @@ from jspec.batching import (
     jitted_programs,
     run_steps,
 )
-from jspec.results import GenerationResult
-from jspec.sampling import SamplingParams, sample_logits
-from jspec.sharding import check_mesh, place_model, to_host
+from jspec.loop.results import GenerationResult
+from jspec.loop.sharding import check_mesh, place_model, to_host
 
 __all__ = ["Decoder", "PlainLoop", "decode_loop", "jit_forward", "plain_loop", "prefill"]
 
@@ -84,7 +84,7 @@ class PlainLoop:
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def plain_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, params, key, state=None, steps=None):
-    """The plain decode, jitted (:func:`jspec.batching.run_steps`): with ``state=None`` the prefill
+    """The plain decode, jitted (:func:`jspec.loop.batching.run_steps`): with ``state=None`` the prefill
     (and, given ``steps``, at most that many one-token steps after it); with a state, at most
     ``steps`` more steps from it. Returns ``(state, view)``; :func:`decode_loop` runs it to the end."""
     config = loop.config
@@ -125,12 +125,12 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
     """The whole plain decode: prefill, then a ``lax.while_loop`` of one-token steps (:func:`plain_loop`).
 
     Args are what :meth:`Decoder.generate` passes: the static :class:`PlainLoop`, the
-    model's weights (``nnx.split``), :func:`jspec.batching.batch_inputs`' arrays, sampling
+    model's weights (``nnx.split``), :func:`jspec.loop.batching.batch_inputs`' arrays, sampling
     parameters and a PRNG key. Returns (tokens int32[B, M], counts int32[B], target
     forwards). Called directly it lets an experiment choose the cache
     (``LoopConfig.cache_len``); a cache shorter than a row's prompt plus budget drops
     that row's last keys and changes its output, so keep to
-    :func:`jspec.batching.cache_slots` or more.
+    :func:`jspec.loop.batching.cache_slots` or more.
     """
     args = (weights, prompts, prompt_lengths, max_new, params, key)
     final = drive(jitted_programs(plain_loop, loop), args, on_tokens)
@@ -138,7 +138,7 @@ def decode_loop(loop: PlainLoop, weights, prompts, prompt_lengths, max_new, para
 
 
 def jit_forward(model: nnx.Module, mesh: Mesh | None = None):
-    """The model split once (placed on ``mesh``: :func:`jspec.sharding.place_model`; call it under
+    """The model split once (placed on ``mesh``: :func:`jspec.loop.sharding.place_model`; call it under
     ``jax.set_mesh(mesh)``) and its forward jitted with the KV cache donated: ``(state, forward)``.
 
     ``forward(state, tokens, positions, cache)`` returns ``(logits, new_cache)``.
@@ -167,8 +167,8 @@ class Decoder:
         max_position: int | None = None,
         mesh: Mesh | None = None,
     ):
-        """``mesh``: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split
-        over ``data``, weights and KV cache over ``model`` (:mod:`jspec.sharding`); the default
+        """``mesh``: a ``("data", "model")`` mesh (:func:`jspec.loop.sharding.make_mesh`): rows split
+        over ``data``, weights and KV cache over ``model`` (:mod:`jspec.loop.sharding`); the default
         runs on JAX's default device."""
         check_mesh(mesh, getattr(model, "config", None))
         self.mesh = mesh
@@ -195,8 +195,8 @@ class Decoder:
           sampling: temperature/top-k/top-p (default greedy); scalars or per row.
           seed: PRNG seed.
           on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
-            tokens so far (streaming: :func:`jspec.batching.drive`).
-          pad_to: size the loop for prompts of this many tokens or more (:func:`jspec.batching.batch_inputs`).
+            tokens so far (streaming: :func:`jspec.loop.batching.drive`).
+          pad_to: size the loop for prompts of this many tokens or more (:func:`jspec.loop.batching.batch_inputs`).
         """
         batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
                              on_tokens, pad_to)  # fmt: skip

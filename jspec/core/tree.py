@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.sampling import sample
-from jspec.verify import acceptance_probability, residual_distribution
+from jspec.core.sampling import sample
+from jspec.core.verify import acceptance_probability, residual_distribution
 
 __all__ = [
     "DynamicTreeSpec",

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.cache import KVCache
+from jspec.core.cache import KVCache
 from jspec.files import atomic_write, write_text
 from jspec.models.config import RopeScaling
 from jspec.models.llama import decoder_layer, linear, rms_norm
@@ -71,7 +71,7 @@ class HeadConfig:
     draft_vocab_size: int
     feature_layers: tuple[int, ...]  # the target layers whose *output* the head reads, low to high
     num_target_layers: int
-    # How published heads compute (jspec.head_formats sets them; the defaults are jspec's own heads).
+    # How published heads compute (jspec.heads.formats sets them; the defaults are jspec's own heads).
     target_hidden_size: int = 0  # the target's width when it differs from the head's (0: the same)
     fc_bias: bool = False  # the fusion has a bias (SafeAILab's EAGLE-1)
     fc_norm: bool = False  # an RMSNorm on each feature before the fusion (SpecForge, speculators)

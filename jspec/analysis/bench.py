@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jspec.batching import bucket
-from jspec.results import GenerationResult
+from jspec.loop.batching import bucket
+from jspec.loop.results import GenerationResult
 
 __all__ = [
     "batches",
@@ -87,7 +87,7 @@ def run_interleaved(
     first (:func:`warm_up`); compilation is reported apart, never timed.
 
     Args:
-      decoders: name -> a :class:`jspec.decode.Decoder` or :class:`jspec.engine.SpeculativeDecoder`.
+      decoders: name -> a :class:`jspec.loop.decode.Decoder` or :class:`jspec.loop.engine.SpeculativeDecoder`.
       prompt_ids: token ids per prompt; batch i is generated with seed ``seed + i``.
       batch: rows per call (:func:`batches`).
       rotate: start each batch's turn with the next decoder (False: always in the given order).
@@ -97,7 +97,7 @@ def run_interleaved(
         differing); False: each batch in its own bucket, as a lone request would run.
 
     Returns:
-      name -> :meth:`jspec.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
+      name -> :meth:`jspec.loop.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
       ``seconds`` (the loops alone), ``compile_seconds``, ``target_calls``, ``tokens_per_s``,
       ``tau`` (1.0 for plain decoding) and, for speculative decoders, ``verify_steps``,
       ``plain_steps`` and ``acceptance_by_position``; ``calls``, the number of batches run;

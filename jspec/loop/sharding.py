@@ -1,6 +1,6 @@
 """Generation over a mesh of devices with ``data`` and ``model`` axes, with ``jax.sharding`` and nothing else.
 
-Give :class:`jspec.decode.Decoder`, :class:`jspec.engine.SpeculativeDecoder` or
+Give :class:`jspec.loop.decode.Decoder`, :class:`jspec.loop.engine.SpeculativeDecoder` or
 :class:`jspec.Speculator` a ``mesh`` (:func:`make_mesh`, or ``--mesh data=D,model=M`` on the
 command line). The generation loops stay written for a batch on one device; XLA partitions
 the one jitted ``lax.while_loop`` from the shardings of its inputs (GSPMD):
@@ -11,7 +11,7 @@ the one jitted ``lax.while_loop`` from the shardings of its inputs (GSPMD):
   gate and up by output (whole heads, whole MLP columns: :meth:`Transformer.unfused`),
   the attention output and the MLP's down projection by input (one all-reduce each per
   layer), the embedding and output layer by vocabulary where it divides; the KV cache is
-  split over its KV heads (``constrain`` in :meth:`jspec.cache.KVCache.create`). Where the
+  split over its KV heads (``constrain`` in :meth:`jspec.core.cache.KVCache.create`). Where the
   model axis is wider than the KV heads (Qwen2.5's 2, for example) k and v are kept whole
   on every device, as vLLM does. Drafters' weights (heads, draft models) are replicated:
   they are small by design.
@@ -142,12 +142,14 @@ def check_mesh(mesh, config=None) -> None:
     if mesh is None:
         return
     if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (jspec.sharding.make_mesh); got {type(mesh).__name__}.")
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh (jspec.loop.sharding.make_mesh); got {type(mesh).__name__}."
+        )
     unknown = [a for a in mesh.axis_names if a not in AXES]
     if unknown:
         raise ValueError(
             f"mesh axes {unknown} are not jspec's: it splits rows over 'data' and weights over 'model'; "
-            "build the mesh with jspec.sharding.make_mesh(data=D, model=M)."
+            "build the mesh with jspec.loop.sharding.make_mesh(data=D, model=M)."
         )
     m = axis_size(mesh, MODEL)
     if config is None or m == 1:

@@ -1,5 +1,5 @@
 """``jspec generate`` and ``jspec bench``: decoders on real models (the parser and the commands;
-:mod:`jspec.cli` is the entry point)."""
+:mod:`jspec.cli.main` is the entry point)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from jspec.cli_common import (
+from jspec.cli.common import (
     add_mesh_options,
     add_model_options,
     mesh_from_args,
@@ -72,8 +72,8 @@ def jax_process_index() -> int:
 
 
 def _cmd_generate(args) -> int:
+    from jspec.core.sampling import SamplingParams
     from jspec.models.hub import load_model
-    from jspec.sampling import SamplingParams
 
     started = time.time()
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
@@ -92,7 +92,7 @@ def _cmd_generate(args) -> int:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text)
     decoder = _decoder(spec, args, model, tokenizer, mesh=mesh)
-    # Always listening (the loop resumed one step at a time: jspec.batching.drive), so that a Ctrl-C still
+    # Always listening (the loop resumed one step at a time: jspec.loop.batching.drive), so that a Ctrl-C still
     # prints what was generated; --stream prints it as it comes.
     printer = stream_printer(tokenizer, show=args.stream)
 
@@ -129,11 +129,11 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from jspec.bench import run_interleaved, speedup_interval
+    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.prompts import load_prompts
+    from jspec.core.sampling import SamplingParams
     from jspec.methods import PlainSpec
     from jspec.models.hub import load_model
-    from jspec.prompts import load_prompts
-    from jspec.sampling import SamplingParams
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     named = _specs(args, methods)  # checked before anything loads; recorded with the results
@@ -225,7 +225,7 @@ def _add_lookahead(p, positive_int) -> None:
 
 
 def _add_tree(p, positive_int) -> None:
-    from jspec.methods import DEFAULTS  # the Python API's defaults (jspec.tree.DynamicTreeSpec's size)
+    from jspec.methods import DEFAULTS  # the Python API's defaults (jspec.core.tree.DynamicTreeSpec's size)
 
     tree_help = (
         "chain (N = --num-draft), dynamic (EAGLE-2), measured (Medusa: the best tree for the heads' "

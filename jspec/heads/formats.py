@@ -13,7 +13,7 @@ Formats, detected from the files (``docs/head_formats.md`` gives every fact belo
 Layer ids: jspec's ``feature_layers`` name the layers whose *output* a head reads. SGLang (and so SpecForge)
 records outputs too; vLLM (and so speculators) records the layer whose *input* is read (one more); SafeAILab
 records nothing and reads the inputs of layers 2, L//2 and L-3. Each loader converts; each exporter
-(:mod:`jspec.head_export`) states jspec's layers in the format's own convention, or refuses when it cannot.
+(:mod:`jspec.heads.export`) states jspec's layers in the format's own convention, or refuses when it cannot.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import pathlib
 import numpy as np
 from flax import nnx
 
-from jspec.heads import HEAD_META, DraftHead, HeadConfig, load_head
-from jspec.medusa import META as MEDUSA_META
-from jspec.medusa import MedusaConfig, MedusaHeads, load_medusa
+from jspec.heads.eagle import HEAD_META, DraftHead, HeadConfig, load_head
+from jspec.heads.medusa import META as MEDUSA_META
+from jspec.heads.medusa import MedusaConfig, MedusaHeads, load_medusa
 from jspec.models.config import RopeScaling
 from jspec.models.hub import hub_snapshot, parse_hub_id
 from jspec.models.safetensors_folder import SafetensorsFolder

@@ -6,7 +6,7 @@ the pending token and the drafts (and any lookahead tokens) in one forward, the
 vmapped verifier accepts a prefix or a path per row, each row's caches roll back
 to its length (a tree's accepted path moved into place first), and EOS and the
 budget end each row. A step where no row has a draft is a plain one
-(:func:`jspec.control.cond`). The engine knows drafters only through
+(:func:`jspec.loop.control.cond`). The engine knows drafters only through
 :class:`jspec.drafters.base.Drafter`. An :class:`Adaptive` policy may take a plain step, or
 verify a narrower chain, where that pays more.
 """
@@ -24,10 +24,9 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_request, drive, run_steps
-from jspec.control import cond, when
-from jspec.decode import prefill
+from jspec.core.sampling import SamplingParams, probs_from_logits, sample_logits
+from jspec.core.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
+from jspec.core.verify import verify_chain_batch
 from jspec.drafters.base import (
     ChainProposal,
     Context,
@@ -38,11 +37,12 @@ from jspec.drafters.base import (
     merge_drafter,
     split_drafter,
 )
-from jspec.results import GenerationResult
-from jspec.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.sharding import check_mesh, place_model, replicate, to_host
-from jspec.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
-from jspec.verify import verify_chain_batch
+from jspec.loop.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
+from jspec.loop.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_request, drive, run_steps
+from jspec.loop.control import cond, when
+from jspec.loop.decode import prefill
+from jspec.loop.results import GenerationResult
+from jspec.loop.sharding import check_mesh, place_model, replicate, to_host
 
 __all__ = ["LoopState", "SpecLoop", "SpeculativeDecoder", "merge_drafter", "speculative_loop", "split_drafter"]
 
@@ -74,7 +74,7 @@ class SpecLoop:
     Attributes:
       graphdef: the target's NNX graph.
       drafter: the drafter's pytree structure (its static facts; its arrays are arguments).
-      config: the request's shapes (:class:`jspec.batching.LoopConfig`).
+      config: the request's shapes (:class:`jspec.loop.batching.LoopConfig`).
       verifier: the batched chain verifier; tests pass a broken one as a negative control.
       adaptive: the fallback policy, or None to speculate every step.
     """
@@ -119,7 +119,7 @@ def _split_logits(logits, width: int):
 
 def start(target, drafter, prompts, lengths, capacity: int, params, key):
     """The prefill every speculative decode begins with: (the target's output, its first token [B],
-    the :class:`Context`, the drafter's initial state); shared with :func:`jspec.trace.first_step`."""
+    the :class:`Context`, the drafter's initial state); shared with :func:`jspec.analysis.trace.first_step`."""
     b, p = prompts.shape
     out = prefill(target, prompts, lengths, capacity, drafter.hidden_layers)
     first = sample_logits(jax.random.fold_in(key, 0), out.logits[:, 0], params)
@@ -131,13 +131,13 @@ def start(target, drafter, prompts, lengths, capacity: int, params, key):
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="state")
 def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, lengths, max_new, params, key,
                      costs: StepCosts | None = None, state: LoopState | None = None, steps=None):  # fmt: skip
-    """The speculative decode, jitted (``state``, ``steps``: :func:`jspec.batching.run_steps`).
+    """The speculative decode, jitted (``state``, ``steps``: :func:`jspec.loop.batching.run_steps`).
 
     Args:
       loop: the static :class:`SpecLoop`.
       target_weights: the target's NNX state; drafter_leaves: the drafter's arrays
         (:func:`split_drafter`), put back into ``loop.drafter``.
-      prompts, lengths, max_new, params, key: :meth:`jspec.batching.Batch.arrays`.
+      prompts, lengths, max_new, params, key: :meth:`jspec.loop.batching.Batch.arrays`.
       costs: :class:`StepCosts` for an adaptive loop (``loop.adaptive``), else None.
     """
     config = loop.config
@@ -306,11 +306,11 @@ class SpeculativeDecoder:
         costs: StepCosts | None = None,
     ):
         """Args:
-        target: the target model (see :mod:`jspec.decode` for the interface).
+        target: the target model (see :mod:`jspec.loop.decode` for the interface).
         drafter: a :class:`jspec.drafters.base.Drafter` with its weights (:func:`jspec.make_drafter`).
         eos_ids: tokens that end a row.
         verifier: the batched chain verifier (tests pass a broken one: a negative control).
-        mesh: a ``("data", "model")`` mesh (:func:`jspec.sharding.make_mesh`): rows split over
+        mesh: a ``("data", "model")`` mesh (:func:`jspec.loop.sharding.make_mesh`): rows split over
           ``data``, the target's weights and KV cache over ``model``, the drafter's replicated.
         adaptive: fall back to plain steps where speculation does not pay (:class:`Adaptive`);
           needs ``costs``.

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jspec.sampling import SamplingParams
-from jspec.sharding import padded_rows, replicate, shard_rows, to_host
-from jspec.xla_cache import enable_compilation_cache
+from jspec.core.sampling import SamplingParams
+from jspec.loop.sharding import padded_rows, replicate, shard_rows, to_host
+from jspec.loop.xla_cache import enable_compilation_cache
 
 __all__ = [
     "Batch",
@@ -221,7 +221,7 @@ def compile_loop(cache: CompiledLoops, key, jitted, args, mesh: Mesh | None = No
     which it takes donated; :func:`drive`). ``key`` must tell the two kinds apart.
 
     Compiling before the run keeps compilation out of the timed loop; with a ``mesh`` it is
-    compiled for it (what :func:`jspec.sharding.constrain` reads).
+    compiled for it (what :func:`jspec.loop.sharding.constrain` reads).
     """
     t0 = time.perf_counter()
     if key not in cache:
@@ -359,7 +359,7 @@ def batch_inputs(
 
     With a ``mesh`` the rows are padded to a multiple of its data axis with filler rows (the
     first prompt, a budget of one token; callers drop rows past ``len(prompts)``) and split
-    over it (:mod:`jspec.sharding`), per-row sampling parameters with them; the key is
+    over it (:mod:`jspec.loop.sharding`), per-row sampling parameters with them; the key is
     replicated. ``sampling`` defaults to greedy.
     """
     validate_prompts(prompts, max_new_tokens, vocab_size, max_position)

@@ -26,7 +26,7 @@ def default_setting(profile, families, num_draft: int = DEFAULT_NUM_DRAFT) -> Se
     """Without a workload's acceptance: the family whose speculative step costs the fewest plain steps
     beyond its own plain step (the lowest break-even accepted drafts per step), N = ``num_draft``,
     with the adaptive fallback and the profile's step costs."""
-    from jspec.adaptive import StepCosts
+    from jspec.loop.adaptive import StepCosts
 
     best = None
     for family in families:
@@ -105,7 +105,7 @@ class AutoDecoder:
         """The setting a call at this temperature and batch size runs."""
         if self.config is not None:
             return self.config.choose(temperature, batch).setting
-        from jspec.batching import bucket
+        from jspec.loop.batching import bucket
 
         rows = bucket(batch, minimum=1)
         if rows not in self._default:

@@ -1,0 +1,1 @@
+"""Analysis: the exactness check, speedup math, toy simulations, benchmarks, step traces, prompt sets."""

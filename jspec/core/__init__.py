@@ -1,0 +1,1 @@
+"""The exact core: sampling, chain and tree verification, the KV cache."""

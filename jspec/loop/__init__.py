@@ -1,0 +1,1 @@
+"""The decoding loops: plain and speculative, batching, the adaptive fallback, meshes, compilation."""
