@@ -44,6 +44,7 @@ import numpy as np
 from flax import struct
 
 from jspec.core.sampling import SamplingParams
+from jspec.core.tree import ancestor_mask, verify_tree_batch
 from jspec.loop.control import cond
 
 __all__ = [
@@ -134,6 +135,35 @@ class ChainProposal:
     num_drafts: jax.Array | None = None
     confidence: jax.Array | None = None
 
+    # What the engine asks of a proposal, so that it never asks which kind it holds.
+
+    def block(self, pending, n: int):
+        """The verified block: (tokens [B, N + 1], the pending token then the drafts; their offsets
+        from the pending token [B, N + 1]; their mask among themselves [B, N + 1, N + 1], or None for
+        plain causal attention, which needs no mask unless lookahead tokens follow)."""
+        b = pending.shape[0]
+        tokens = jnp.concatenate([pending[:, None], self.tokens], axis=1)
+        offsets = jnp.broadcast_to(jnp.arange(n + 1), (b, n + 1))
+        local = None if self.lookahead is None else jnp.broadcast_to(jnp.tri(n + 1, dtype=bool), (b, n + 1, n + 1))
+        return tokens, offsets, local
+
+    def draft_counts(self):
+        """int32[B], drafts per row, or None when every row drafts all N."""
+        return self.num_drafts
+
+    def verify(self, q, keys, n: int, counts, verify_chain):
+        """The verdict: each row's accepted prefix by ``verify_chain`` (the batched chain verifier),
+        ``counts`` [B] drafts per row or None for all N."""
+        return verify_chain(self.tokens, self.probs, q, keys, **({} if counts is None else {"num_drafts": counts}))
+
+    def commit(self, cache, cache_length, verdict, kept, hidden):
+        """(the target's cache with each row's first ``kept`` block entries kept, ``hidden`` as it is)."""
+        return cache.rollback(cache_length + kept), hidden
+
+    def drafts_verified(self, live, n: int, counts):
+        """int32[], the live rows' drafts this step verified."""
+        return jnp.sum(jnp.where(live, n if counts is None else counts, 0))
+
 
 @struct.dataclass
 class TreeProposal:
@@ -158,6 +188,30 @@ class TreeProposal:
     probs: jax.Array | None
     has_draft: jax.Array
     lookahead: Lookahead | None = None
+
+    # What the engine asks of a proposal (see :class:`ChainProposal`).
+
+    def block(self, pending, n: int):
+        """(the nodes [B, T], their depths [B, T], the ancestor mask [B, T, T]: each node sees its ancestors)."""
+        return self.tokens, self.depths, ancestor_mask(self.parents, n)
+
+    def draft_counts(self):
+        return None
+
+    def verify(self, q, keys, n: int, counts, verify_chain):
+        """The verdict: each row's accepted path by the exact tree rules (``counts`` and the chain
+        verifier do not apply)."""
+        return verify_tree_batch(self.tokens, self.parents, self.used, self.probs, q, keys, n)
+
+    def commit(self, cache, cache_length, verdict, kept, hidden):
+        """The accepted path's entries moved into place in the cache and its hidden states gathered into
+        a chain (what the drafter sees)."""
+        cache = cache.commit_path(cache_length, verdict.path, kept)
+        return cache, tuple(jnp.take_along_axis(h, verdict.path[:, :, None], axis=1) for h in hidden)
+
+    def drafts_verified(self, live, n: int, counts):
+        """0: a tree's statistics count nodes, not chain drafts."""
+        return jnp.sum(0)
 
 
 @struct.dataclass

@@ -25,13 +25,11 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jspec.core.sampling import SamplingParams, probs_from_logits, sample_logits
-from jspec.core.tree import ancestor_mask, tree_attention_mask, verify_tree_batch
+from jspec.core.tree import tree_attention_mask
 from jspec.core.verify import verify_chain_batch
 from jspec.drafters.base import (
-    ChainProposal,
     Context,
     Feedback,
-    TreeProposal,
     check_drafter,
     check_step_width,
     merge_drafter,
@@ -180,20 +178,12 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     def verify_step(s: LoopState, proposal, dstate, step_key):
         ctx = s.ctx
         keys = jax.random.split(step_key, b)
-        if isinstance(proposal, TreeProposal):  # every node in one forward, each seeing its ancestors
-            tokens, offsets = proposal.tokens, proposal.depths
-            local = ancestor_mask(proposal.parents, n)
-        else:  # the pending token and the N drafts, causal
-            tokens = jnp.concatenate([ctx.last[:, None], proposal.tokens], axis=1)  # [B, N + 1]
-            offsets = jnp.broadcast_to(jnp.arange(n + 1), (b, n + 1))
-            local = (
-                None if proposal.lookahead is None else jnp.broadcast_to(jnp.tri(n + 1, dtype=bool), (b, n + 1, n + 1))
-            )
+        tokens, offsets, local = proposal.block(ctx.last, n)  # a chain's pending token and drafts, or a tree
         if proposal.lookahead is not None:
             tokens, offsets, local = proposal.lookahead.append_to(tokens, offsets, local)
         mask = None if local is None else tree_attention_mask(ctx.cache_length, local, capacity)
         positions = ctx.cache_length[:, None] + offsets
-        counts = proposal.num_drafts if isinstance(proposal, ChainProposal) else None
+        counts = proposal.draft_counts()
         if widths:  # an adaptive draft length: the forward at the width worth the most tokens per cost
             out, counts = narrow_verify(target, drafter, proposal, ~s.done, costs, widths, tokens, positions, s.cache,
                                         hidden_layers)  # fmt: skip
@@ -201,21 +191,13 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             out = target(tokens, positions, s.cache, mask, hidden_layers=hidden_layers)
         verify_logits, lookahead_logits = _split_logits(out.logits, width)
         q = probs_from_logits(verify_logits, params)
-        if isinstance(proposal, TreeProposal):
-            verdict = verify_tree_batch(proposal.tokens, proposal.parents, proposal.used, proposal.probs, q, keys, n)
-        else:
-            verdict = loop.verifier(proposal.tokens, proposal.probs, q, keys,
-                                    **({} if counts is None else {"num_drafts": counts}))  # fmt: skip
+        verdict = proposal.verify(q, keys, n, counts, loop.verifier)
         live = ~s.done
         a = jnp.where(live, verdict.num_accepted, 0)
         emitted = jnp.where(live, verdict.num_emitted, 0)
         kept = jnp.where(live, 1 + a, 0)  # finished rows keep their lengths: nothing they see changes
         hidden = tuple(h[:, :width] for h in out.hidden_states)
-        if isinstance(proposal, TreeProposal):  # the accepted path moves into place; the drafter sees a chain
-            cache = out.cache.commit_path(ctx.cache_length, verdict.path, kept)
-            hidden = tuple(jnp.take_along_axis(h, verdict.path[:, :, None], axis=1) for h in hidden)
-        else:
-            cache = out.cache.rollback(ctx.cache_length + kept)
+        cache, hidden = proposal.commit(out.cache, ctx.cache_length, verdict, kept, hidden)
         history = _append(ctx.history, ctx.length, verdict.tokens)
         new_ctx = Context(history, ctx.length + emitted, ctx.cache_length + kept)
         lookahead_logits = None if proposal.lookahead is None else lookahead_logits
@@ -244,8 +226,7 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             verify_steps=s.verify_steps + 1,
             emitted_in_verify=s.emitted_in_verify + jnp.sum(emitted),
             live_row_steps=s.live_row_steps + jnp.sum(live),
-            drafts_verified=s.drafts_verified
-            + jnp.sum(jnp.where(live, n if counts is None else counts, 0) if num_nodes is None else 0),
+            drafts_verified=s.drafts_verified + proposal.drafts_verified(live, n, counts),
             accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
 
