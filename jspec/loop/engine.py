@@ -42,27 +42,57 @@ from jspec.loop.decode import prefill
 from jspec.loop.results import GenerationResult
 from jspec.loop.sharding import check_mesh, place_model, replicate, to_host
 
-__all__ = ["LoopState", "SpecLoop", "SpeculativeDecoder", "merge_drafter", "speculative_loop", "split_drafter"]
+__all__ = [
+    "AdaptiveState",
+    "LoopState",
+    "SpecLoop",
+    "SpeculativeDecoder",
+    "StepStats",
+    "merge_drafter",
+    "speculative_loop",
+    "split_drafter",
+]
+
+
+@struct.dataclass
+class StepStats:
+    """What the loop counts (read by :meth:`SpeculativeDecoder.generate`, never by a step)."""
+
+    verify_steps: jax.Array  # int32[]: target forwards over drafts
+    plain_steps: jax.Array  # int32[]: one-token steps (no row had a draft, or the adaptive fallback)
+    emitted_in_verify: jax.Array  # int32[]: tokens emitted by verify steps (live rows)
+    live_row_steps: jax.Array  # int32[]: sum over verify steps of live rows
+    drafts_verified: jax.Array  # int32[]: sum over verify steps of the live rows' drafts verified (chains)
+    accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
+    fallback_steps: jax.Array  # int32[]: plain steps the adaptive policy chose (counted in plain_steps too)
+
+    @classmethod
+    def zeros(cls, n: int) -> StepStats:
+        z = jnp.int32(0)
+        return cls(z, z, z, z, z, jnp.zeros((n + 1,), jnp.int32), z)
+
+
+@struct.dataclass
+class AdaptiveState:
+    """The adaptive policy's running state (unused by a loop that speculates every step)."""
+
+    accepted_estimate: jax.Array  # float32[B]: running mean of drafts accepted per verify step
+    since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the policy
+    probe_interval: jax.Array  # int32[]: fallback steps before the next probe (doubles while probes fail)
 
 
 @struct.dataclass
 class LoopState:
+    """The decode (tokens, context, caches, the drafter's state), its statistics and the adaptive state."""
+
     out: jax.Array  # int32[B, M + N + 1], generated tokens
     num_generated: jax.Array  # int32[B]
     done: jax.Array  # bool[B]
     ctx: Context
     cache: object  # target KVCache
     drafter: object  # the drafter's own state
-    verify_steps: jax.Array  # int32[]: target forwards over drafts
-    plain_steps: jax.Array  # int32[]: one-token steps (no row had a draft)
-    emitted_in_verify: jax.Array  # int32[]: tokens emitted by verify steps (live rows)
-    live_row_steps: jax.Array  # int32[]: sum over verify steps of live rows
-    drafts_verified: jax.Array  # int32[]: sum over verify steps of the live rows' drafts verified (chains)
-    accept_hist: jax.Array  # int32[N + 1]: live verify rows by number accepted
-    accepted_estimate: jax.Array  # float32[B]: running mean of drafts accepted per verify step (adaptive loops)
-    since_speculated: jax.Array  # int32[]: plain steps in a row chosen by the adaptive policy
-    probe_interval: jax.Array  # int32[]: fallback steps before the next probe (doubles while probes fail)
-    fallback_steps: jax.Array  # int32[]: plain steps the adaptive policy chose (counted in plain_steps too)
+    stats: StepStats
+    adaptive: AdaptiveState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,16 +189,12 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             ctx=ctx,
             cache=out.cache,
             drafter=dstate,
-            verify_steps=jnp.int32(0),
-            plain_steps=jnp.int32(0),
-            emitted_in_verify=jnp.int32(0),
-            live_row_steps=jnp.int32(0),
-            drafts_verified=jnp.int32(0),
-            accept_hist=jnp.zeros((n + 1,), jnp.int32),
-            accepted_estimate=jnp.full((b,), prior, jnp.float32),
-            since_speculated=jnp.int32(0),
-            probe_interval=jnp.int32(1 if loop.adaptive is None else loop.adaptive.probe_every),
-            fallback_steps=jnp.int32(0),
+            stats=StepStats.zeros(n),
+            adaptive=AdaptiveState(
+                accepted_estimate=jnp.full((b,), prior, jnp.float32),
+                since_speculated=jnp.int32(0),
+                probe_interval=jnp.int32(1 if loop.adaptive is None else loop.adaptive.probe_every),
+            ),
         )
         o, g, d = _emit(init, first[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
         state = dataclasses.replace(init, out=o, num_generated=g, done=d)
@@ -203,32 +229,27 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         lookahead_logits = None if proposal.lookahead is None else lookahead_logits
         dstate = drafter.commit(dstate, new_ctx, Feedback(a, hidden, lookahead_logits))
         o, g, d = _emit(s, verdict.tokens, emitted, max_new, config.eos_ids)
-        interval = s.probe_interval
-        if loop.adaptive is None:
-            estimate = s.accepted_estimate
-        else:
+        policy = s.adaptive
+        if loop.adaptive is not None:
             decay = loop.adaptive.decay
-            estimate = jnp.where(live, decay * s.accepted_estimate + (1 - decay) * a, s.accepted_estimate)
+            estimate = jnp.where(live, decay * policy.accepted_estimate + (1 - decay) * a, policy.accepted_estimate)
             worth = worth_speculating(estimate, live, costs)
             interval = jnp.where(worth, loop.adaptive.probe_every,
-                                 jnp.minimum(2 * interval, loop.adaptive.max_probe_every))  # fmt: skip
-        return dataclasses.replace(
-            s,
-            accepted_estimate=estimate,
-            probe_interval=interval,
-            since_speculated=jnp.int32(0),
-            out=o,
-            num_generated=g,
-            done=d,
-            ctx=new_ctx,
-            cache=cache,
-            drafter=dstate,
-            verify_steps=s.verify_steps + 1,
-            emitted_in_verify=s.emitted_in_verify + jnp.sum(emitted),
-            live_row_steps=s.live_row_steps + jnp.sum(live),
-            drafts_verified=s.drafts_verified + proposal.drafts_verified(live, n, counts),
-            accept_hist=s.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
+                                 jnp.minimum(2 * policy.probe_interval, loop.adaptive.max_probe_every))  # fmt: skip
+            policy = AdaptiveState(estimate, policy.since_speculated, interval)
+        stats = s.stats
+        stats = dataclasses.replace(
+            stats,
+            verify_steps=stats.verify_steps + 1,
+            emitted_in_verify=stats.emitted_in_verify + jnp.sum(emitted),
+            live_row_steps=stats.live_row_steps + jnp.sum(live),
+            drafts_verified=stats.drafts_verified + proposal.drafts_verified(live, n, counts),
+            accept_hist=stats.accept_hist + jnp.zeros((n + 1,), jnp.int32).at[a].add(live.astype(jnp.int32)),
         )
+        return dataclasses.replace(
+            s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate, stats=stats,
+            adaptive=dataclasses.replace(policy, since_speculated=jnp.int32(0)),
+        )  # fmt: skip
 
     def plain_step(s: LoopState, dstate, step_key, proposed=True):
         """One token from the target; ``proposed`` (bool or bool[]): the drafter proposed (no drafts) or not."""
@@ -241,22 +262,26 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
         feedback = Feedback(jnp.zeros((b,), jnp.int32), out.hidden_states, proposed=proposed)
         dstate = drafter.commit(dstate, new_ctx, feedback)
         o, g, d = _emit(s, nxt[:, None], jnp.ones((b,), jnp.int32), max_new, config.eos_ids)
-        return dataclasses.replace(
-            s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
-            plain_steps=s.plain_steps + 1,
-            since_speculated=jnp.where(proposed, 0, s.since_speculated + 1),
-            fallback_steps=s.fallback_steps + jnp.where(proposed, 0, 1),
-        )  # fmt: skip
+        stats = dataclasses.replace(s.stats, plain_steps=s.stats.plain_steps + 1,
+                                    fallback_steps=s.stats.fallback_steps + jnp.where(proposed, 0, 1))  # fmt: skip
+        policy = dataclasses.replace(
+            s.adaptive, since_speculated=jnp.where(proposed, 0, s.adaptive.since_speculated + 1)
+        )
+        return dataclasses.replace(s, out=o, num_generated=g, done=d, ctx=new_ctx, cache=cache, drafter=dstate,
+                                   stats=stats, adaptive=policy)  # fmt: skip
 
     def body(s: LoopState):
-        step = s.verify_steps + s.plain_steps + 1
+        step = s.stats.verify_steps + s.stats.plain_steps + 1
         k_draft, k_step = jax.random.split(jax.random.fold_in(key, step))
         propose = lambda dstate: drafter.propose(dstate, s.ctx, k_draft, params)  # noqa: E731
         if loop.adaptive is None:
             go = True
             proposal, dstate = propose(s.drafter)
         else:  # a proposal only where speculating pays (or a probe is due); else zeros, never read
-            go = worth_speculating(s.accepted_estimate, ~s.done, costs) | (s.since_speculated >= s.probe_interval)
+            policy = s.adaptive
+            go = worth_speculating(policy.accepted_estimate, ~s.done, costs) | (
+                policy.since_speculated >= policy.probe_interval
+            )
             shapes = jax.eval_shape(propose, s.drafter)
             empty = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0])
             proposal, dstate = when(go, lambda c: propose(c[1]), (empty, s.drafter))
@@ -343,8 +368,8 @@ class SpeculativeDecoder:
         final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens, pad_to)
         b = len(prompts)
         final = to_host(final)
-        out, counts = final.out, final.num_generated
-        verify, plain = int(final.verify_steps), int(final.plain_steps)
+        out, counts, stats = final.out, final.num_generated, final.stats
+        verify, plain = int(stats.verify_steps), int(stats.plain_steps)
         return GenerationResult(
             tokens=[out[i, : counts[i]].tolist() for i in range(b)],
             seconds=seconds,
@@ -353,10 +378,10 @@ class SpeculativeDecoder:
             num_draft=self.drafter.num_draft,
             verify_steps=verify,
             plain_steps=plain,
-            emitted_in_verify=int(final.emitted_in_verify),
-            live_row_steps=int(final.live_row_steps),
-            accept_hist=np.asarray(final.accept_hist).tolist(),
+            emitted_in_verify=int(stats.emitted_in_verify),
+            live_row_steps=int(stats.live_row_steps),
+            accept_hist=np.asarray(stats.accept_hist).tolist(),
             cache_lengths=np.asarray(final.cache.lengths)[:b].tolist(),
-            fallback_steps=int(final.fallback_steps),
-            drafts_verified=int(final.drafts_verified),
+            fallback_steps=int(stats.fallback_steps),
+            drafts_verified=int(stats.drafts_verified),
         )
