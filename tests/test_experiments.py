@@ -317,3 +317,11 @@ def test_ablate_heads_tiny_runs_each_kind_on_the_same_data_resumes_and_refuses_o
     assert meta["from_ids"] == str(tmp_path / "out" / "ids.npz")
     for key in ("tokens", "mask", "features", "top"):
         np.testing.assert_array_equal(second[key], first[key])
+
+
+def test_same_program_ignores_names_and_debug_information_but_not_instructions():
+    canonical = _load("same_program").canonical
+    a = '%add.1 = s32[] add(%p.0, %p.1), metadata={op_name="x" source_line=3}\nROOT %select.7 = s32[] select(%add.1)'
+    b = '%add.9 = s32[] add(%q.4, %q.5), metadata={op_name="y" source_line=8}\nROOT %select.2 = s32[] select(%add.9)'
+    assert canonical(a) == canonical(b)
+    assert canonical(a) != canonical(a.replace("add(", "subtract("))  # negative control: another instruction
