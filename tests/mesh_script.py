@@ -92,11 +92,11 @@ def main(drafters, meshes):
 
     # Negative control for the token comparison: a wrong layout (each layer's k and v parts swapped).
     decoder = Decoder(target, mesh=make_mesh(2, 4))
-    flat = dict(nnx.to_flat_state(decoder.state))
+    flat = dict(nnx.to_flat_state(decoder.weights))
     for path in [p for p in flat if str(p[-1]) == "wk"]:
         other = (*path[:-1], "wv")
         flat[path], flat[other] = flat[path].replace(flat[other][...]), flat[other].replace(flat[path][...])
-    decoder.state = nnx.from_flat_state(flat)
+    decoder.weights = nnx.from_flat_state(flat)
     out["swapped_kv"] = decoder.generate(prompts, 16, SamplingParams.greedy(), seed=5).tokens
     # Negative control for the statistics: a filler row counted as a real one would change them.
     r = SpeculativeDecoder(target, QUICK["eagle3_tree"]()).generate(prompts + prompts[:1], 16, seed=5)

@@ -16,26 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.core.sampling import SamplingParams, sample_logits
+from jspec.core.sampling import sample_logits
 from jspec.loop.batching import (
-    CompiledLoops,
     LoopConfig,
     View,
-    batch_inputs,
-    compile_request,
     drive,
     jitted_programs,
     run_steps,
 )
+from jspec.loop.host import HostDecoder
 from jspec.loop.results import GenerationResult
-from jspec.loop.sharding import check_mesh, place_model, to_host
+from jspec.loop.sharding import place_model
 
 __all__ = ["Decoder", "PlainLoop", "decode_loop", "jit_forward", "plain_loop", "prefill"]
 
@@ -156,8 +153,8 @@ def jit_forward(model: nnx.Module, mesh: Mesh | None = None):
     return state, jax.jit(forward, donate_argnames="cache")
 
 
-class Decoder:
-    """Plain decoding with a model split once; compiled loops are cached per bucket."""
+class Decoder(HostDecoder):
+    """Plain decoding with a model split once; compiled loops are cached per bucket (:class:`HostDecoder`)."""
 
     def __init__(
         self,
@@ -170,47 +167,20 @@ class Decoder:
         """``mesh``: a ``("data", "model")`` mesh (:func:`jspec.loop.sharding.make_mesh`): rows split
         over ``data``, weights and KV cache over ``model`` (:mod:`jspec.loop.sharding`); the default
         runs on JAX's default device."""
-        check_mesh(mesh, getattr(model, "config", None))
-        self.mesh = mesh
-        self.graphdef, self.state = place_model(mesh, model)
-        self.eos_ids = tuple(int(e) for e in eos_ids)
-        self.max_position = max_position or getattr(getattr(model, "config", None), "max_position", None)
-        self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-        self._compiled = CompiledLoops()
+        self._place(model, eos_ids, mesh, max_position)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        sampling: SamplingParams | None = None,
-        seed: int = 0,
-        on_tokens=None,
-        pad_to: int | None = None,
-    ) -> GenerationResult:
-        """Generates for a batch of prompts of any lengths.
+    def loop_fn(self):
+        return plain_loop
 
-        Args:
-          prompts: token ids per row.
-          max_new_tokens: the budget of every row.
-          sampling: temperature/top-k/top-p (default greedy); scalars or per row.
-          seed: PRNG seed.
-          on_tokens: ``f(tokens, counts)`` called on the host after every step with each row's
-            tokens so far (streaming: :func:`jspec.loop.batching.drive`).
-          pad_to: size the loop for prompts of this many tokens or more (:func:`jspec.loop.batching.batch_inputs`).
-        """
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
-                             on_tokens, pad_to)  # fmt: skip
-        loop = PlainLoop(self.graphdef, batch.config(self.eos_ids))
-        args = (self.state, *batch.arrays())
-        run, compile_s = compile_request(self._compiled, batch.rows, loop, plain_loop, args, self.mesh, on_tokens)
-        t0 = time.perf_counter()
-        final = drive(run, args, on_tokens)
-        tokens, counts, calls = to_host((final.tokens, final.num_generated, final.step + 1))
-        seconds = time.perf_counter() - t0
+    def request(self, batch):
+        return PlainLoop(self.graphdef, batch.config(self.eos_ids)), (self.weights, *batch.arrays())
+
+    def result(self, final, rows: int, compile_seconds: float, seconds: float) -> GenerationResult:
+        calls = int(final.step) + 1
         return GenerationResult(
-            tokens=[tokens[i, : counts[i]].tolist() for i in range(len(prompts))],
+            tokens=[final.tokens[i, : final.num_generated[i]].tolist() for i in range(rows)],
             seconds=seconds,
-            compile_seconds=compile_s,
-            target_calls=int(calls),
-            plain_steps=int(calls) - 1,
+            compile_seconds=compile_seconds,
+            target_calls=calls,
+            plain_steps=calls - 1,
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable
 
 import jax
@@ -24,7 +23,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from jspec.core.sampling import SamplingParams, probs_from_logits, sample_logits
+from jspec.core.sampling import probs_from_logits, sample_logits
 from jspec.core.tree import tree_attention_mask
 from jspec.core.verify import verify_chain_batch
 from jspec.drafters.base import (
@@ -36,11 +35,12 @@ from jspec.drafters.base import (
     split_drafter,
 )
 from jspec.loop.adaptive import Adaptive, StepCosts, check_widths, narrow_verify, worth_speculating
-from jspec.loop.batching import CompiledLoops, LoopConfig, View, batch_inputs, compile_request, drive, run_steps
+from jspec.loop.batching import LoopConfig, View, run_steps
 from jspec.loop.control import cond, when
 from jspec.loop.decode import prefill
+from jspec.loop.host import HostDecoder
 from jspec.loop.results import GenerationResult
-from jspec.loop.sharding import check_mesh, place_model, replicate, to_host
+from jspec.loop.sharding import replicate
 
 __all__ = [
     "AdaptiveState",
@@ -297,8 +297,8 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
     return run_steps(lambda s: ~jnp.all(s.done), body, state, steps, view)
 
 
-class SpeculativeDecoder:
-    """Speculative decoding with any drafter; compiled loops are cached per bucket."""
+class SpeculativeDecoder(HostDecoder):
+    """Speculative decoding with any drafter; compiled loops are cached per bucket (:class:`HostDecoder`)."""
 
     def __init__(
         self,
@@ -333,47 +333,27 @@ class SpeculativeDecoder:
             raise ValueError(f"costs must be a StepCosts; got {type(costs).__name__}.")
         if adaptive is not None and adaptive.widths:
             check_widths(drafter, adaptive.widths, costs)
-        check_mesh(mesh, getattr(target, "config", None))
+        self._place(target, eos_ids, mesh)
         self.adaptive, self.costs = adaptive, replicate(mesh, costs)
-        if isinstance(eos_ids, int | np.integer):
-            eos_ids = (eos_ids,)
         self.verifier = verifier
-        self.mesh = mesh
-        self.tgraph, self.tweights = place_model(mesh, target)
         self.drafter = drafter
         self._drafter_def, leaves = split_drafter(drafter)
         self._drafter_leaves = replicate(mesh, leaves)
-        self.eos_ids = tuple(int(e) for e in eos_ids)
-        config = target.config
-        self.max_position, self.vocab_size = config.max_position, config.vocab_size
-        self._compiled = CompiledLoops()
 
-    def run(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
-            on_tokens=None, pad_to: int | None = None):  # fmt: skip
-        """(the final :class:`LoopState`, compile seconds, run seconds), for tools reading its
-        state; :meth:`generate` is the usual call."""
-        batch = batch_inputs(prompts, max_new_tokens, self.vocab_size, self.max_position, self.mesh, sampling, seed,
-                             on_tokens, pad_to)  # fmt: skip
-        loop = SpecLoop(self.tgraph, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
-        args = (self.tweights, self._drafter_leaves, *batch.arrays(), self.costs)
-        run, compile_s = compile_request(self._compiled, batch.rows, loop, speculative_loop, args, self.mesh, on_tokens)
-        t0 = time.perf_counter()
-        final = drive(run, args, on_tokens)
-        final = jax.block_until_ready(final)
-        return final, compile_s, time.perf_counter() - t0
+    def loop_fn(self):
+        return speculative_loop
 
-    def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, seed: int = 0,
-                 on_tokens=None, pad_to: int | None = None):  # fmt: skip
-        """As :meth:`jspec.Decoder.generate` (``on_tokens`` and ``pad_to`` too)."""
-        final, compile_s, seconds = self.run(prompts, max_new_tokens, sampling, seed, on_tokens, pad_to)
-        b = len(prompts)
-        final = to_host(final)
+    def request(self, batch):
+        loop = SpecLoop(self.graphdef, self._drafter_def, batch.config(self.eos_ids), self.verifier, self.adaptive)
+        return loop, (self.weights, self._drafter_leaves, *batch.arrays(), self.costs)
+
+    def result(self, final: LoopState, rows: int, compile_seconds: float, seconds: float) -> GenerationResult:
         out, counts, stats = final.out, final.num_generated, final.stats
         verify, plain = int(stats.verify_steps), int(stats.plain_steps)
         return GenerationResult(
-            tokens=[out[i, : counts[i]].tolist() for i in range(b)],
+            tokens=[out[i, : counts[i]].tolist() for i in range(rows)],
             seconds=seconds,
-            compile_seconds=compile_s,
+            compile_seconds=compile_seconds,
             target_calls=1 + verify + plain,
             num_draft=self.drafter.num_draft,
             verify_steps=verify,
@@ -381,7 +361,7 @@ class SpeculativeDecoder:
             emitted_in_verify=int(stats.emitted_in_verify),
             live_row_steps=int(stats.live_row_steps),
             accept_hist=np.asarray(stats.accept_hist).tolist(),
-            cache_lengths=np.asarray(final.cache.lengths)[:b].tolist(),
+            cache_lengths=np.asarray(final.cache.lengths)[:rows].tolist(),
             fallback_steps=int(stats.fallback_steps),
             drafts_verified=int(stats.drafts_verified),
         )
