@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import re
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from jspec.loop import control
 
@@ -70,12 +67,11 @@ def micro(branch, rows: int, capacity: int, steps: int) -> dict:
 
 
 def engine_copies() -> dict:
-    from tiny import tiny_model
-
     import jspec.drafters.draft_model
     import jspec.loop.engine
     from jspec.core.sampling import SamplingParams
     from jspec.drafters import DraftModel, PromptLookup
+    from jspec.models.tiny import tiny_model
 
     target = tiny_model(num_layers=5)
     draft = tiny_model(num_layers=2, seed=1)

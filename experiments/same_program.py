@@ -33,12 +33,10 @@ def _decode(out: pathlib.Path) -> None:
     import jspec
     from jspec.heads.eagle import DraftHead, HeadConfig
     from jspec.loop.adaptive import Adaptive, StepCosts
-    from jspec.models.config import ModelConfig
-    from jspec.models.llama import Transformer
+    from jspec.models.tiny import tiny_model
 
-    config = ModelConfig(family="llama", vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=3,
-                         num_heads=4, num_kv_heads=2, head_dim=8, tie_embeddings=True, max_position=256)  # fmt: skip
-    target = Transformer(config, rngs=nnx.Rngs(0), layer_loop="unrolled")
+    target = tiny_model("llama")
+    config = target.config
     head = DraftHead(HeadConfig.for_target(config, "eagle3", draft_vocab_size=32, feature_layers=(0, 1, 2)),
                      rngs=nnx.Rngs(1))  # fmt: skip
     head.attach_target(target, np.arange(32))

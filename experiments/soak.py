@@ -116,8 +116,7 @@ def build(args):
     from jspec.loop.decode import Decoder
 
     if args.tiny:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from tiny import tiny_model
+        from jspec.models.tiny import tiny_model
 
         target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1, num_layers=1)
         rng = np.random.default_rng(args.seed)

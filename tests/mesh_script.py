@@ -9,7 +9,6 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny import tiny_model
 
 from jspec.core.sampling import SamplingParams
 from jspec.core.tree import DynamicTreeSpec
@@ -20,6 +19,7 @@ from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
 from jspec.loop.sharding import MEGATRON, make_mesh, place_model
 from jspec.methods import make_drafter
+from jspec.models.tiny import tiny_model
 
 assert jax.device_count() == 8, jax.devices()
 MESHES = {"1x8": (1, 8), "2x4": (2, 4), "4x2": (4, 2), "8x1": (8, 1)}

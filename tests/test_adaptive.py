@@ -3,13 +3,13 @@
 import jax
 import numpy as np
 import pytest
-from tiny import peaked_model, tiny_model
 
 from jspec.drafters import DraftModel, PromptLookup
 from jspec.drafters.draft_model import DraftModel as DraftModelClass
 from jspec.loop.adaptive import Adaptive, StepCosts
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import peaked_model, tiny_model
 
 V = 97
 

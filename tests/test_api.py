@@ -4,13 +4,13 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from tiny import tiny_model
 
 import jspec
 from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import DraftModel, EagleDrafter, PromptLookup
 from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary, save_head
 from jspec.methods import DEFAULTS, make_drafter, parse_tree
+from jspec.models.tiny import tiny_model
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]

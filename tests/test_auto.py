@@ -5,11 +5,11 @@ import dataclasses
 import json
 
 import pytest
-from tiny import tiny_model
 
 from jspec import AutoDecoder, Decoder, SamplingParams
 from jspec.cli.main import main
 from jspec.drafters import PromptLookup
+from jspec.models.tiny import tiny_model
 from jspec.tune.costs import CostProfile, measure_profile
 from jspec.tune.tuned import Recommendation, Setting, TunedConfig, band_of, load_tuned, save_tuned
 from jspec.tune.workload import PLAIN, pick, predict, tokens_per_verify, tune_cell

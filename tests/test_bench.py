@@ -1,12 +1,12 @@
 """Aggregating runs over prompts, and the wall time the measured costs predict."""
 
 import pytest
-from tiny import tiny_model
 
 from jspec.analysis.bench import predicted_seconds, run_prompts
 from jspec.drafters import PromptLookup
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import tiny_model
 
 
 def test_predicted_seconds_adds_up_the_steps():

@@ -160,11 +160,11 @@ def test_stream_printer_shows_the_text_as_it_comes():
     """generate --stream's printer on a tiny model: pieces per loop step, the same text at the end."""
     import io
 
-    from tiny import tiny_model
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from jspec.cli.common import stream_printer
     from jspec.loop.decode import Decoder
+    from jspec.models.tiny import tiny_model
     from jspec.models.tokenizer import TextTokenizer
 
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(97)}, unk_token="w0"))

@@ -17,7 +17,7 @@ hits = []
 monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("cache_hits") else None)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the tiny loops compile in < 1 s
 sys.path.insert(0, "tests")
-from tiny import tiny_model
+from jspec.models.tiny import tiny_model
 from jspec.loop.xla_cache import enable_compilation_cache
 from jspec.loop.decode import Decoder
 from jspec.drafters import PromptLookup

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from experiment import load_experiment
-from tiny import tiny_model
 
 from jspec.core.sampling import SamplingParams
 from jspec.loop import control
+from jspec.models.tiny import tiny_model
 
 _EXPERIMENT = load_experiment("branch_copies")
 

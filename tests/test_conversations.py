@@ -131,9 +131,9 @@ def _word_tokenizer():
 
 def test_training_data_from_conversations_is_the_targets_features_over_them_and_made_once(tmp_path, monkeypatch):
     import jax.numpy as jnp
-    from tiny import tiny_model
 
     from jspec.heads.eagle import HeadConfig
+    from jspec.models.tiny import tiny_model
     from jspec.training import Recipe
     from jspec.training.conversations import parse_row
     from jspec.training.data import feature_forward
@@ -165,9 +165,8 @@ def test_training_data_from_conversations_is_the_targets_features_over_them_and_
 
 
 def test_regenerated_turns_are_the_targets_own_continuations_turn_by_turn(tmp_path):
-    from tiny import tiny_model
-
     from jspec.loop.decode import Decoder
+    from jspec.models.tiny import tiny_model
     from jspec.training.conversations import parse_row, regenerate
 
     tok, target = _word_tokenizer(), tiny_model(vocab_size=48)
@@ -283,8 +282,7 @@ def test_a_dataset_by_name_reads_from_the_local_datasets_cache_offline(tokenizer
 
 
 def test_a_data_folder_made_from_the_text_as_written_is_not_taken_for_regenerated_or_online_data(tmp_path, monkeypatch):
-    from tiny import tiny_model
-
+    from jspec.models.tiny import tiny_model
     from jspec.training import Recipe
     from jspec.training.recipe import prepare_data
 
@@ -301,8 +299,7 @@ def test_a_data_folder_made_from_the_text_as_written_is_not_taken_for_regenerate
 
 def test_resuming_checkpoints_of_another_run_or_data_for_another_vocabulary_is_refused(tmp_path, monkeypatch):
     """Other data or options than the checkpoints' run: refused before anything compiles, nothing overwritten."""
-    from tiny import tiny_model
-
+    from jspec.models.tiny import tiny_model
     from jspec.training import Recipe, TrainConfig
     from jspec.training.recipe import _check_tokens, train_head
 

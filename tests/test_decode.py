@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from stats_util import LEVEL, gof_p_value
-from tiny import tiny_model
 
 from jspec.core.sampling import SamplingParams
 from jspec.loop.batching import LoopConfig, batch_inputs, bucket, cache_slots
 from jspec.loop.decode import Decoder, PlainLoop, decode_loop, jit_forward
+from jspec.models.tiny import tiny_model
 
 
 def _naive_greedy(model, prompt, steps, eos=(), width=32):

@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from tiny import tiny_model
 
 import jspec.loop.engine
 from jspec.drafters import ChainProposal, Drafter, Lookahead, PromptLookup
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import tiny_model
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]

@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tiny import peaked_model, tiny_model
 
 from jspec.drafters import EagleDrafter
 from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import peaked_model, tiny_model
 from jspec.training import Recipe, TrainConfig, Trainer, head_loss, teacher_forced_agreement, ttt_forward, ttt_mask
 from jspec.training.trainer import batch_order
 

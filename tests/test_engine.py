@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny import peaked_model, tiny_model
 
 from jspec.core.sampling import SamplingParams
 from jspec.drafters import ChainProposal, Context, DraftModel, Feedback, PromptLookup
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import peaked_model, tiny_model
 
 
 @pytest.fixture(scope="module")

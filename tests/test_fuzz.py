@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny import tiny_model
 
 import jspec
 from jspec.cli.main import main
 from jspec.core.sampling import SamplingParams, probs_from_logits
+from jspec.models.tiny import tiny_model
 
 V, CONTEXT = 97, 64
 _QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]  # fixtures here hold no per-example state

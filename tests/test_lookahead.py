@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from stats_util import LEVEL, sampled_p_value
-from tiny import peaked_model, tiny_model
 
 from jspec.drafters import Context, Feedback, LookaheadDecoding
 from jspec.drafters.lookahead import PoolState, window_mask
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
 from jspec.methods import make_drafter
+from jspec.models.tiny import peaked_model, tiny_model
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from flax import nnx
 from stats_util import LEVEL, sampled_p_value
-from tiny import peaked_model, tiny_model
 
 from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import MedusaDrafter
 from jspec.heads.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import peaked_model, tiny_model
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]

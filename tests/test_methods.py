@@ -7,12 +7,12 @@ import pathlib
 from typing import ClassVar
 
 import pytest
-from tiny import tiny_model
 
 import jspec
 from jspec import methods
 from jspec.core.tree import DynamicTreeSpec, StaticTree
 from jspec.drafters import PromptLookup
+from jspec.models.tiny import tiny_model
 from jspec.tune.tuned import Setting
 
 

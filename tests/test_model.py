@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tiny import tiny_config, tiny_model
 
 from jspec.core.cache import KVCache
 from jspec.models.llama import Transformer
 from jspec.models.loading import build_model
+from jspec.models.tiny import tiny_config, tiny_model
 
 ATOL = 1e-5  # float32 on CPU; set once for these tests
 

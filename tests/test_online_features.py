@@ -4,7 +4,8 @@ batch's token ids (the data holds ids and masks only) train a head as the stored
 import jax
 import numpy as np
 from test_eagle import _data, _features, _head, _trainer
-from tiny import tiny_model
+
+from jspec.models.tiny import tiny_model
 
 RUN = {"num_steps": 2, "total_steps": 5, "warmup_steps": 1}
 

@@ -387,7 +387,7 @@ def test_heads_that_do_not_fit_the_target_or_the_files_are_refused_by_name(targe
         with pytest.raises(ValueError, match=needle):
             load_any_head(tmp_path, model)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    from tiny import tiny_model
+    from jspec.models.tiny import tiny_model
 
     with pytest.raises(ValueError, match="a vocabulary of 64; the target has 97"):  # checked before compiling
         load_any_head(tmp_path, tiny_model("llama", num_layers=L))

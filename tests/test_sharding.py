@@ -175,9 +175,8 @@ def test_shard_rows_pads_per_row_arrays_and_replicates_the_rest():
 
 
 def test_a_mesh_that_is_not_one_is_a_clear_error():
-    from tiny import tiny_model
-
     from jspec.loop.decode import Decoder
+    from jspec.models.tiny import tiny_model
 
     with pytest.raises(ValueError, match=r"must be a jax\.sharding\.Mesh"):
         Decoder(tiny_model("qwen2", seed=0), mesh=jax.devices())
@@ -186,7 +185,7 @@ def test_a_mesh_that_is_not_one_is_a_clear_error():
 @pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
 def test_unfused_weights_compute_what_the_fused_ones_do(layer_loop):
     """What a model split over heads holds (q, k, v and gate, up apart) gives the fused model's logits."""
-    from tiny import tiny_model
+    from jspec.models.tiny import tiny_model
 
     fused = tiny_model("qwen2", seed=0, layer_loop=layer_loop)  # with q, k, v biases
     parts = fused.unfused()

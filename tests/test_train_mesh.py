@@ -80,8 +80,8 @@ def test_a_steps_flops_are_counted_from_its_program_and_peaks_are_known_for_acce
 
     import jax
     from test_eagle import _data, _head, _trainer
-    from tiny import tiny_model
 
+    from jspec.models.tiny import tiny_model
     from jspec.training.trainer import peak_flops
 
     target = tiny_model("qwen2", seed=0, num_layers=4)

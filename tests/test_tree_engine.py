@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
-from tiny import tiny_model
 
 from jspec.core.cache import KVCache
 from jspec.core.tree import DynamicTreeSpec, StaticTree
@@ -13,6 +12,7 @@ from jspec.drafters import EagleDrafter, Feedback, TreeProposal
 from jspec.heads.eagle import DraftHead, HeadConfig, draft_vocabulary
 from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
+from jspec.models.tiny import tiny_model
 
 V = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from tiny import tiny_model
 
 from jspec.drafters import DraftModel, PromptLookup
+from jspec.models.tiny import tiny_model
 from jspec.tune.costs import CostProfile, load_profile, measure_profile, profile_path, save_profile
 
 

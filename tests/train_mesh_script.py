@@ -16,10 +16,10 @@ if len(sys.argv) > 2:
 import jax  # (imported after the runtime joined the other process)
 import numpy as np
 from test_eagle import _data, _head, _trainer
-from tiny import tiny_model
 
 import jspec.training.trainer as trainer_module
 from jspec.loop.sharding import make_mesh
+from jspec.models.tiny import tiny_model
 
 STEPS = 20
 # 8 attention heads of 4, 2 KV heads, MLP 64: a model axis of 2, 4 or 8 splits it.

@@ -1,4 +1,5 @@
-"""Tiny random-weight models for unit tests (real-model tests use SmolLM2)."""
+"""Tiny random-weight models: for tests, notebooks and experiments that need a model in seconds (claims about
+speed or acceptance are measured on the real models instead)."""
 
 from flax import nnx
 
