@@ -19,26 +19,18 @@ import argparse
 import json
 import pathlib
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from harness import median_ms
 
 from jspec.loop.decode import jit_forward
 from jspec.models.hub import load_model
 
 __all__ = ["attention_parts", "generate_cost", "step_cost"]
-
-
-def _median_ms(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compiles
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
 
 
 def step_cost(model, batch: int, capacity: int, repeats: int = 5) -> float:
@@ -68,9 +60,9 @@ def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dic
     k = jax.random.normal(key, (batch, capacity, kv, d))
     w = jax.random.normal(key, (batch, kv, group, 1, capacity))
     return {
-        "scores_ms": _median_ms(jax.jit(lambda q, k: jnp.einsum("btkgd,bskd->bkgts", q, k)), (q, k), repeats),
-        "values_ms": _median_ms(jax.jit(lambda w, v: jnp.einsum("bkgts,bskd->btkgd", w, v)), (w, k), repeats),
-        "read_keys_ms": _median_ms(jax.jit(lambda k: k.sum()), (k,), repeats),
+        "scores_ms": median_ms(partial(jax.jit(lambda q, k: jnp.einsum("btkgd,bskd->bkgts", q, k)), q, k), repeats),
+        "values_ms": median_ms(partial(jax.jit(lambda w, v: jnp.einsum("bkgts,bskd->btkgd", w, v)), w, k), repeats),
+        "read_keys_ms": median_ms(partial(jax.jit(lambda k: k.sum()), k), repeats),
         "keys_mb": k.nbytes / 1e6,
     }
 

@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from harness import floats, ints
+
 SETUPS = {
     "smollm2-ngram": {"target": "smollm2-135m", "method": "ngram", "draft": None},
     "qwen-draft": {"target": "qwen2.5-coder-1.5b", "method": "draft", "draft": "qwen2.5-coder-0.5b"},
@@ -49,15 +51,7 @@ def _tree(spec: str):
     if spec.startswith("dynamic"):
         top_k, depth, nodes = (int(x) for x in spec.split(":")[1:])
         return DynamicTreeSpec(top_k, depth, nodes)
-    return StaticTree.from_branching(_ints(spec))
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+    return StaticTree.from_branching(ints(spec))
 
 
 def _prompt_ids(tokenizer, prompt_sets: list[str], limit: int) -> dict[str, list[list[int]]]:
@@ -69,18 +63,6 @@ def _prompt_ids(tokenizer, prompt_sets: list[str], limit: int) -> dict[str, list
         chats = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}]) for p in prompts]
         ids[name] = [tokenizer.encode(chat) for chat in chats]
     return ids
-
-
-def _median_ms(fn, repeats: int = 10) -> float:
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return 1000 * sorted(times)[len(times) // 2]
 
 
 def worker_jspec(setup: dict, args) -> dict:
@@ -97,7 +79,7 @@ def worker_jspec(setup: dict, args) -> dict:
 
     enable_compilation_cache()
     target, tokenizer = load_model(setup["target"])
-    grid = _ints(args.num_draft)
+    grid = ints(args.num_draft)
     trees = [t for t in (args.trees or "").split(";") if t] if setup["method"] in ("eagle3", "draft") else []
     out = {"engine": "jspec", "backend": jax.default_backend(), "jax": jax.__version__}
     head = draft_model = None
@@ -177,7 +159,7 @@ def worker_jspec(setup: dict, args) -> dict:
             decoders[key] = SpeculativeDecoder(target, drafter_for(key), eos_ids=eos)
         # Prefill alone: a one-token generation per prompt.
         prefill = run_prompts(plain, prompt_ids, 1, SamplingParams.greedy())
-        for t in _floats(args.temperatures):
+        for t in floats(args.temperatures):
             sampling = SamplingParams.create(t)
             # Plain and every N take turns prompt by prompt: drift in the machine's speed hits all alike.
             runs = run_interleaved(decoders, prompt_ids, args.max_new_tokens, sampling, seed=args.seed)
@@ -255,11 +237,11 @@ def worker_hf(setup: dict, args) -> dict:
             seconds = time.perf_counter() - t0
         return gen.shape[1] - x.shape[1], seconds
 
-    grid = [0, *_ints(args.hf_num_draft)]
+    grid = [0, *ints(args.hf_num_draft)]
     run(next(iter(ids.values()))[0], 0, 0.0, 0)  # warm-up
     results = {}
     for name, prompt_ids in ids.items():
-        for t in _floats(args.hf_temperatures or args.temperatures):
+        for t in floats(args.hf_temperatures or args.temperatures):
             sums = {n: [0, 0.0] for n in grid}
             for i, p in enumerate(prompt_ids):  # plain and every N take turns, as in the jspec worker
                 for n in grid:

@@ -21,8 +21,8 @@ import time
 
 def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from bench_spec import _median_ms
     from bench_train_step import add_training_args, fresh_trainer
+    from harness import median_ms
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_training_args(parser)
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     recompute, state = feature_forward(model, layers)  # what data generation runs
     tokens = jnp.asarray(data["tokens"][idx])
-    cached_s = _median_ms(cached, args.repeats) / 1000
-    recompute_s = _median_ms(lambda: recompute(state, tokens), args.repeats) / 1000
+    cached_s = median_ms(cached, args.repeats) / 1000
+    recompute_s = median_ms(lambda: recompute(state, tokens), args.repeats) / 1000
 
     trainer = fresh_trainer(model, data, args)
     trainer.fit(data, until=1)

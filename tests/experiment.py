@@ -2,8 +2,11 @@
 
 import importlib.util
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT / "experiments") not in sys.path:  # scripts import their shared harness as a sibling
+    sys.path.insert(0, str(ROOT / "experiments"))
 
 
 def load_experiment(name: str):
