@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--parts", type=pathlib.Path, required=True)
     p.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "train" and args.probe_steps < 1:  # the steady steps' median needs one at least
+        parser.error(f"--probe-steps must be at least 1; got {args.probe_steps}.")
     report = {"split": _cmd_split, "train": _cmd_train, "join": _cmd_join}[args.command](args)
     print(json.dumps(report))
     return report
