@@ -34,6 +34,8 @@ import json
 import pathlib
 import time
 
+from jspec.analysis.harness import save
+
 SHAPES = {  # the published configurations' shapes; the weights are random
     "qwen2.5-1.5b": dict(
         family="qwen2",
@@ -212,6 +214,7 @@ def eagle3_case(model, small: bool, forward_ms: dict | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen2.5-1.5b,llama-3.1-8b")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds after which nothing new starts")
@@ -231,7 +234,6 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"jax": jax.__version__, "backend": jax.default_backend(), "device_kind": device.device_kind,
               "device_count": jax.device_count(), "peak_hbm_gbps": peak_bandwidth(device.device_kind),
               "shapes": {}}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
     for name in shapes:
         if not budget.left():
             report["shapes"][name] = {"skipped": ["everything: the budget ran out"]}
@@ -239,8 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
         report["shapes"][name] = measure(name, args, budget)
         jax.clear_caches()
         # Written after every shape: a lease that ends mid-run still returns what was measured.
-        (args.out / "device_check.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "device_check.json").write_text(json.dumps(report, indent=1, default=str))
+        report = save(args.out / "device_check.json", report, args=args, started=started)
+    report = save(args.out / "device_check.json", report, args=args, started=started)
     print(json.dumps(report, indent=1, default=str))
     return report
 

@@ -55,7 +55,7 @@ train)
     timeout "${TRAIN_TIMEOUT:-400}" python3 experiments/device_train_head.py train --parts "$STORE/parts" --out "$OUT" \
         --work "$WORK" --budget-s "${TRAIN_BUDGET:-330}" --num-prompts "${NUM_PROMPTS:-4096}" --eval-limit 8 \
         ${TRAIN_ARGS:-}
-    JSPEC_CACHE=$WORK/cache timeout "${STARTUP_TIMEOUT:-150}" python3 experiments/startup.py \
+    JSPEC_CACHE=$WORK/cache timeout "${STARTUP_TIMEOUT:-150}" python3 experiments/benchmarks/startup.py \
         --methods "${STARTUP_METHODS:-ar,ngram,eagle3}" --api '' --layer-loop scan --work "$STORE/startup" --out "$OUT/startup.json"
     ;;
 esac

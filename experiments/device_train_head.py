@@ -17,7 +17,7 @@ back in parts:
 has the target write responses to standard-library prompts (never an evaluation set) until the
 data budget is spent, times a few training steps to size the run to the time left (the
 learning-rate schedule is sized once, not cut short), trains, scores the new head and the
-shipped one held out with ``experiments/head_agreement.py`` (MT-bench and HumanEval, teacher
+shipped one held out with ``experiments/ablations/head_agreement.py`` (MT-bench and HumanEval, teacher
 forced), says whether the new one is better, and writes the head in parts with a manifest.
 ``--tiny`` runs the same path in about a minute on CPU (``tests/test_experiments.py``).
 """
@@ -33,6 +33,8 @@ import shutil
 import statistics
 import sys
 import time
+
+from jspec.analysis.harness import load_script, save
 
 MODEL = "smollm2-135m"
 MIB = 1 << 20
@@ -91,7 +93,6 @@ def _cmd_split(args) -> dict:
 
 
 def _cmd_join(args) -> dict:
-    args.out.mkdir(parents=True, exist_ok=True)
     join_file(args.parts, "head.safetensors", args.out / "head.safetensors")
     shutil.copy(args.parts / "head.json", args.out / "head.json")
     from jspec.heads.eagle import load_head
@@ -120,7 +121,7 @@ def _recipe(args, total_steps: int):
 
 
 def _cmd_train(args) -> dict:
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     work = args.work or args.out / "work"
     os.environ["JSPEC_CACHE"] = str(work / "cache")  # a cache of its own: the GGUF goes in verified
     from jspec.models.hub import load_model, shipped_head
@@ -169,9 +170,7 @@ def _cmd_train(args) -> dict:
                "peak_fraction": final.get("peak_fraction")}  # fmt: skip
 
     # Held out: MT-bench and HumanEval, teacher forced, the new head beside the shipped one.
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    import head_agreement
-
+    head_agreement = load_script(pathlib.Path(__file__).parent / "ablations" / "head_agreement.py")
     shipped = shipped_head(MODEL, "eagle3")
     scores = head_agreement.main(["--heads", f"{head_dir},{shipped}", "--model", MODEL, "--limit", str(args.eval_limit),
                                   "--max-new-tokens", str(args.eval_tokens), "--out", str(args.out)])  # fmt: skip
@@ -187,7 +186,7 @@ def _cmd_train(args) -> dict:
     split_file(head_dir / "head.safetensors", parts, args.head_part_mib)
     shutil.copy(head_dir / "head.json", parts / "head.json")
     report |= {"head_parts": str(parts), "seconds": time.perf_counter() - t0}
-    (args.out / "device_train_head.json").write_text(json.dumps(report, indent=1))
+    report = save(args.out / "device_train_head.json", report, args=args, started=started)
     return report
 
 

@@ -46,7 +46,7 @@ def layer_loop_for_backend(backend: str | None = None) -> str:
     On XLA CPU the unrolled loop measured 1.5-3x faster per decode step (scan
     slices each layer's weights out of the stack every step); on accelerators
     scan compiles much faster and runs as fast.
-    ``JSPEC_LAYER_LOOP=scan|unrolled`` overrides the choice (what ``experiments/startup.py`` measures).
+    ``JSPEC_LAYER_LOOP=scan|unrolled`` overrides the choice (what ``experiments/benchmarks/startup.py`` measures).
     """
     chosen = os.environ.get("JSPEC_LAYER_LOOP", "").strip()
     if chosen:

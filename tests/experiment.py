@@ -1,16 +1,15 @@
-"""Loads a script of experiments/ as a module, so that tests call its main() and helpers."""
+"""Loads a script of experiments/ (found by name in its purpose folders) as a module, so that tests call
+its main() and helpers."""
 
-import importlib.util
 import pathlib
-import sys
+
+from jspec.analysis.harness import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT / "experiments") not in sys.path:  # scripts import their shared harness as a sibling
-    sys.path.insert(0, str(ROOT / "experiments"))
 
 
 def load_experiment(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    found = sorted((ROOT / "experiments").glob(f"*/{name}.py")) or sorted((ROOT / "experiments").glob(f"{name}.py"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"experiments/ holds {len(found)} scripts named {name}.py; expected one.")
+    return load_script(found[0])

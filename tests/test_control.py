@@ -14,7 +14,7 @@ _EXPERIMENT = load_experiment("branch_copies")
 
 def cache_copies(hlo: str, layers: int, rows: int, kv_heads: int, head_dim: int) -> int:
     """Copies of a whole [layers, rows, capacity, kv_heads, head_dim] cache inside the loop and its branches
-    (experiments/branch_copies.py counts them)."""
+    (experiments/costs/branch_copies.py counts them)."""
     shape = lambda d: len(d) == 5 and [d[0], d[1], d[3], d[4]] == [layers, rows, kv_heads, head_dim] and d[2] > 8  # noqa: E731
     return _EXPERIMENT.copies_in_loop(hlo, shape)
 

@@ -68,8 +68,9 @@ def test_tree_toy_small(tmp_path):
     assert (tmp_path / "tree_toy.json").exists()
 
 
-def test_bench_sampling_small():
-    result = _load("bench_sampling").main(["--vocab", "3000", "--batches", "1,4", "--repeats", "1"])
+def test_bench_sampling_small(tmp_path):
+    argv = ["--vocab", "3000", "--batches", "1,4", "--repeats", "1", "--out", str(tmp_path)]
+    result = _load("bench_sampling").main(argv)
     for row in result["ms"].values():
         assert row["same_support"] and row["top_p_0.95"] > 0
 
@@ -95,7 +96,7 @@ def _random_training_data(folder, hidden_size):
 def test_bench_train_step_small(tmp_path, smollm2):
     _random_training_data(tmp_path / "d", smollm2[0].config.hidden_size)
     args = ["--data", str(tmp_path / "d"), "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "64"]
-    report = _load("bench_train_step").main([*args, "--repeats", "1"])
+    report = _load("bench_train_step").main([*args, "--repeats", "1", "--out", str(tmp_path)])
     assert report["window"] == 16 and report["median_step_seconds"]["window"] > 0
 
 
@@ -244,13 +245,12 @@ def test_device_train_head_tiny(tmp_path, monkeypatch):
         script.main([*argv[:5], str(tmp_path / "out2"), *argv[6:]])
 
 
-def test_load_memory_tiny(tmp_path, monkeypatch, capsys):
+def test_load_memory_tiny(tmp_path):
     """The sharded random folder loads through jspec's own loader (as the Hub writes one) and the report
     holds what the log (docs/log/) records."""
     script = _load("load_memory")
     out = tmp_path / "runs.json"
     argv = [
-        "load_memory.py",
         "--shape",
         "tiny",
         "--folder",
@@ -260,10 +260,10 @@ def test_load_memory_tiny(tmp_path, monkeypatch, capsys):
         "--out",
         str(out),
     ]
-    monkeypatch.setattr("sys.argv", argv)
-    script.main()
+    script.main(argv)
     (run,) = json.loads(out.read_text())
-    assert run["weights_bytes"] > 0 and run["peak_rss_bytes"] > run["baseline_rss_bytes"]
+    assert run["run"]["args"]["shape"] == "tiny" and run["weights_bytes"] > 0
+    assert run["peak_rss_bytes"] > run["baseline_rss_bytes"]
     assert len(list((tmp_path / "tiny").glob("model-*.safetensors"))) > 2  # one tensor a shard: sharded
 
 

@@ -165,7 +165,7 @@ def cache_slots(prompt_len: int, max_new: int, longest_prompt: int, max_new_toke
 
     Each step attends over every slot, and the buckets of prompt and budget can both be near
     twice what a request needs, so a step's cost grows with the slots kept
-    (``experiments/batch_decode_cost.py`` measures it).
+    (``experiments/costs/batch_decode_cost.py`` measures it).
     """
     return min(prompt_len + max_new, max(prompt_len, bucket(longest_prompt + max_new_tokens)))
 

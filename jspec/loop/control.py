@@ -2,7 +2,7 @@
 
 ``lax.cond`` and ``lax.switch`` copy the buffers their branches write: XLA gives a conditional's
 branches their own output buffers, so a KV cache written in a branch is copied before the write and
-again into the loop's carry after it (``experiments/branch_copies.py`` counts the copies in the compiled
+again into the loop's carry after it (``experiments/costs/branch_copies.py`` counts the copies in the compiled
 programs: several per step with ``lax.cond``, none with the forms here; docs/log, "The loops' branches
 copied the KV caches"). A
 ``lax.while_loop`` updates its carry in place, so each branch here is a loop that runs zero times or
