@@ -29,12 +29,10 @@ it fits a short device lease. ``--small`` runs tiny shapes on any machine (the t
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 SHAPES = {  # the published configurations' shapes; the weights are random
     "qwen2.5-1.5b": dict(
@@ -215,12 +213,11 @@ def eagle3_case(model, small: bool, forward_ms: dict | None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, out="experiments/out")
     parser.add_argument("--shapes", default="qwen2.5-1.5b,llama-3.1-8b")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds after which nothing new starts")
     parser.add_argument("--small", action="store_true", help="tiny shapes and few sizes: any machine, seconds")
     parser.add_argument("--eagle3", default="llama-3.1-8b", help="shapes that also measure an EAGLE-3 head")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     shapes = ["tiny"] if args.small else args.shapes.split(",")
     unknown = [s for s in shapes if s not in SHAPES]

@@ -1,6 +1,7 @@
 """The experiments' shared harness (jspec.analysis.harness) and the rules every script keeps."""
 
 import json
+import pathlib
 import re
 
 import pytest
@@ -93,3 +94,12 @@ def test_the_index_lists_every_script_once_under_its_folder():
     assert sorted(listed) == on_disk
     folders = {p.parent.name for p in SCRIPTS if p.parent != EXPERIMENTS}
     assert folders == {"benchmarks", "ablations", "costs", "investigations"}
+
+
+def test_the_common_options_keep_each_scripts_defaults_and_refuse_an_unknown_one(tmp_path):
+    parser = harness.arguments("doc", model="smollm2-135m", limit=3, out="experiments/out")
+    args = parser.parse_args(["--limit", "5"])
+    assert (args.model, args.limit, args.out) == ("smollm2-135m", 5, pathlib.Path("experiments/out"))
+    assert parser.parse_args(["--out", str(tmp_path)]).out == tmp_path
+    with pytest.raises(TypeError, match="no common option budget"):
+        harness.arguments("doc", budget=3)

@@ -30,14 +30,13 @@ arguments is refused. Writes a table, ``ablate_heads.json`` and ``ablate_heads.p
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 GRID_KEYS = {"kind": str, "ttt": int, "layers": str, "vocab": int, "decay": float, "warm": int}
 DEFAULTS = {"kind": "eagle3", "ttt": 3, "layers": "default", "vocab": 8192, "decay": 0.8, "warm": 0}
@@ -246,8 +245,7 @@ def _plot(report: dict, path: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m")
     parser.add_argument("--data", type=pathlib.Path, required=True, help="the shared data folder (made once)")
     parser.add_argument("--ids", type=pathlib.Path, default=None,
                         help="an ids.npz an earlier run saved: the data made from it (no generation)")  # fmt: skip

@@ -23,27 +23,21 @@ Writes ``adaptive_fallback.json`` and ``adaptive_fallback.png`` (speedup over pl
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--temperatures", default="0")
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench,humaneval", limit=3,
+                       max_new_tokens=96, temperatures="0", out="experiments/out")  # fmt: skip
     parser.add_argument("--num-draft", type=int, default=5)
     parser.add_argument("--widths", default="", help="adaptive draft length for EAGLE-3: verify widths, e.g. 2,3,4")
     parser.add_argument("--skip-forced", action="store_true", help="leave out the forced-on (overhead) decoders")
     parser.add_argument("--forced-off", action="store_true", help="add the adaptive loops that never speculate")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 

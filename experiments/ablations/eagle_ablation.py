@@ -19,14 +19,13 @@ checkpoint interval) is the one this run would train it with.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 VARIANTS = {
     "eagle3-ttt": {"kind": "eagle3", "num_steps": None},  # --ttt-steps
@@ -37,8 +36,8 @@ VARIANTS = {
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench,humaneval", limit=8,
+                       max_new_tokens=96, out="experiments/out")  # fmt: skip
     parser.add_argument("--data", type=pathlib.Path, required=True, help="training data folder (made once)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -46,12 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-draft", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="the tiny recipe, 2 TTT steps, one prompt per set")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument(
         "--trained",
         action="append",

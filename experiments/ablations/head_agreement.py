@@ -14,23 +14,18 @@ chain's τ. Compares heads (data sizes, recipes) on the same text in minutes. Wr
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench,humaneval", limit=8,
+                       max_new_tokens=64, out="experiments/out")  # fmt: skip
     parser.add_argument("--heads", required=True, help="comma-separated head folders (written by jspec train)")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="draft positions scored (TTT steps)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     heads = [pathlib.Path(h) for h in args.heads.split(",") if h]
     for h in heads:

@@ -23,12 +23,10 @@ Writes ``lookahead_grid.json`` to --out.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 
 def parse_grid(text: str) -> list[tuple[int, int, int]]:
@@ -44,14 +42,10 @@ def parse_grid(text: str) -> list[tuple[int, int, int]]:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench,humaneval", limit=3,
+                       max_new_tokens=96, out="experiments/out")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--grid", default="2:2:2,2:3:2,3:3:3,5:3:3,3:4:3")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, two grid points (tests)")
     args = parser.parse_args(argv)
 

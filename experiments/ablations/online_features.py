@@ -14,26 +14,22 @@ in the target's dtype).
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 
 import numpy as np
 
-from jspec.analysis.harness import append
+from jspec.analysis.harness import append, arguments
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", out="experiments/results/online_features.json")
     parser.add_argument("--examples", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/results/online_features.json"))
     args = parser.parse_args(argv)
 
     import jax

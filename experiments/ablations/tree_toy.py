@@ -24,15 +24,13 @@ Writes ``tree_toy.json`` to --out and prints the tables the log (docs/log/) keep
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 from jspec.core.sampling import sample
 from jspec.core.tree import StaticTree, verify_tree
 
@@ -107,11 +105,10 @@ SHAPES = {"chain 3": [1, 1, 1], "[2,2,2]": [2, 2, 2], "chain 14": [1] * 14, "[4,
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, out="experiments/out")
     parser.add_argument("--vocab", type=int, default=32)
     parser.add_argument("--trials", type=int, default=20_000)
     parser.add_argument("--mix", default="0.3,0.6,0.9", help="drafter agreement levels")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     results = {"vocab": args.vocab, "trials": args.trials, "rows": []}
     for mix in (float(m) for m in args.mix.split(",")):

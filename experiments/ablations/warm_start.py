@@ -16,28 +16,23 @@ Writes ``warm_start.json`` and the heads to --out.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 
-from jspec.analysis.harness import load_script, save
+from jspec.analysis.harness import arguments, load_script, save
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench,humaneval", limit=8,
+                       max_new_tokens=64, out="experiments/out/warm_start")  # fmt: skip
     parser.add_argument("--data", required=True)
-    parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--ttt-steps", type=int, default=5)
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--starts", default="random,output,target")
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out/warm_start"))
     args = parser.parse_args(argv)
     here = pathlib.Path(__file__).resolve().parent
     step_cost = load_script(here.parent / "costs" / "bench_train_step.py")

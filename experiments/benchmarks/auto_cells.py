@@ -23,7 +23,6 @@ that file holds and the workloads' tuned configs, and measures only what is miss
 
 from __future__ import annotations
 
-import argparse
 import gc
 import io
 import json
@@ -32,7 +31,7 @@ import sys
 import time
 from contextlib import redirect_stdout
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 
 def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.Path) -> dict:
@@ -59,8 +58,7 @@ def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m")
     parser.add_argument("--draft-model", default=None)
     workloads = "mt-bench,humaneval,spec-bench:summarization,spec-bench:rag,spec-bench:math_reasoning"
     parser.add_argument("--workloads", default=workloads)

@@ -24,13 +24,12 @@ stopped before the largest keeps what it measured).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 
 def ints(text: str) -> list[int]:
@@ -45,14 +44,10 @@ def ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", prompts="mt-bench", max_new_tokens=48, out="experiments/out")
     parser.add_argument("--methods", default="ngram,lookahead,eagle3")
     parser.add_argument("--batches", type=ints, default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--temperature", default="0,1")
-    parser.add_argument("--prompts", default="mt-bench")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="batches 1 and 2, 8 tokens, prompt lookup (tests)")
     args = parser.parse_args(argv)
     if args.tiny:

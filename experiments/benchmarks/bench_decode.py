@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import resource
 import subprocess
 import sys
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 PROMPTS = [
     "Explain how a hash map handles collisions.",
@@ -225,14 +224,12 @@ def _run_worker(kind: str, model: str, batches: list[int], max_new: int) -> dict
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, max_new_tokens=64, out="experiments/out")
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="SmolLM2 only, batch 1, 16 tokens, no transformers")
     parser.add_argument("--worker", choices=["jspec", "transformers"], help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     models = args.models.split(",")

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from jspec.analysis.harness import floats, ints, save
+from jspec.analysis.harness import arguments, floats, ints, save
 
 SETUPS = {
     "smollm2-ngram": {"target": "smollm2-135m", "method": "ngram", "draft": None},
@@ -293,12 +293,8 @@ def _table(setup_name: str, jspec: dict, hf: dict | None) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, prompts="mt-bench,humaneval", limit=4, max_new_tokens=96, temperatures="0,1")
     parser.add_argument("--setups", default="smollm2-ngram,qwen-draft")
-    parser.add_argument("--prompts", default="mt-bench,humaneval")
-    parser.add_argument("--limit", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--num-draft", default="2,4,6,8")
     parser.add_argument("--hf-num-draft", default="2,4,6,8")
     parser.add_argument(

@@ -25,12 +25,10 @@ category at each temperature) and ``spec_bench_table.md`` to --out.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 MULTI_TURN = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 CATEGORIES = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -68,16 +66,12 @@ def _decoders(args, model, tokenizer, methods, category):
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", temperatures="0,1", limit=2, max_new_tokens=64,
+                       out="experiments/out")  # fmt: skip
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("--head", default=None, help="heads for eagle1 / medusa (none ships)")
     parser.add_argument("--methods", default="ar,ngram,eagle3,lookahead,auto")
     parser.add_argument("--categories", default=",".join(CATEGORIES))
-    parser.add_argument("--temperatures", default="0,1")
-    parser.add_argument("--limit", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="one category, one prompt, 12 tokens, T = 0 (tests)")
     args = parser.parse_args(argv)
     if args.tiny:

@@ -20,7 +20,6 @@ MT-bench prompts, five rounds. Results go to --out (JSON), one line per run to s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -30,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from jspec.analysis.harness import append, runs
+from jspec.analysis.harness import append, arguments, runs
 
 PROMPT = "Explain in three sentences why speculative decoding can be exact."
 METHODS = {  # name: (model, generate's method options)
@@ -142,7 +141,7 @@ def stream_cost(rounds: int = 5, tokens: int = 96) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, out="experiments/results/startup.json")
     parser.add_argument("--methods", default="ar,ngram,eagle3,eagle3-tree,medusa,lookahead,auto")
     parser.add_argument("--draft-pair", action="store_true", help="add the draft model on the Qwen pair")
     parser.add_argument("--api", default="ar,ngram,eagle3", help="methods timed through jspec.Speculator ('' none)")
@@ -150,7 +149,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layer-loop", choices=("unrolled", "scan"), default=None)
     parser.add_argument("--stream-cost", action="store_true", help="also measure streaming's cost per token")
     parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("experiments/out/startup"))
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/results/startup.json"))
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m] + (["draft"] if args.draft_pair else [])
     unknown = sorted(set(methods) - set(METHODS))

@@ -15,9 +15,7 @@ turns. Writes ``batch_decode_cost.json`` to --out.
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 from functools import partial
 
@@ -26,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.analysis.harness import median_ms, save
+from jspec.analysis.harness import arguments, median_ms, save
 from jspec.loop.decode import jit_forward
 from jspec.models.hub import load_model
 
@@ -104,14 +102,11 @@ def generate_cost(model, tokenizer, batch: int, repeats: int = 2, seq_len: int =
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", repeats=5, out="experiments/out")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--capacities", default="128,256,512,1024")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--generate", type=int, default=0, help="also time one batch of B training prompts")
     parser.add_argument("--generate-tokens", type=int, default=160, help="new tokens per prompt with --generate")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     batches = [int(x) for x in args.batches.split(",")]
     capacities = [int(x) for x in args.capacities.split(",")]

@@ -11,9 +11,7 @@ sampled generation (batch 32) with and without top-p. Prints JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 from functools import partial
 
@@ -21,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.analysis.harness import ints, medians_ms, save
+from jspec.analysis.harness import arguments, ints, medians_ms, save
 
 
 def sorted_top_p(logits, top_p):
@@ -36,13 +34,10 @@ def sorted_top_p(logits, top_p):
 
 def main(argv=None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, repeats=20, model=None, out="experiments/out")
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--model", default=None)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
 
     from jspec.core.sampling import SamplingParams, probs_from_logits

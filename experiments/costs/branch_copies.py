@@ -18,9 +18,7 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import re
 import sys
 import time
@@ -28,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jspec.analysis.harness import ints, save
+from jspec.analysis.harness import arguments, ints, save
 from jspec.loop import control
 
 COPY = re.compile(r"= f32\[([\d,]+)\]\{[0-9,]*\} copy\(")
@@ -142,14 +140,13 @@ def real(batches: list[int], rounds: int) -> dict:
 
 def main(argv=None) -> dict:
     started = time.time()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arguments(__doc__, out="experiments/out")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--capacity", type=int, default=300)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--real", action="store_true", help="also part 3: SmolLM2, interleaved (about 50 minutes here)")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--rounds", type=int, default=2, help="batches per batch size and decoder (part 3)")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = p.parse_args(argv)
     lax_cond = lambda pred, t, f, x: jax.lax.cond(pred, t, f, x)  # noqa: E731
     branches = {"lax.cond": lax_cond, "jspec.loop.control.cond": control.cond}

@@ -15,13 +15,11 @@ Writes ``families_cost.json`` and ``families_cost.png`` to --out.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import pathlib
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 
 TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=1024)  # fmt: skip
@@ -54,10 +52,8 @@ def _interleaved(decoders: dict, prompts, tokens, repeats: int, kwargs: dict | N
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, repeats=3, out="experiments/out/families")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out/families"))
     args = parser.parse_args(argv)
 
     import jax

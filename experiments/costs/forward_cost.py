@@ -8,11 +8,9 @@ any drafter can gain on this hardware. Writes ``forward_cost.json`` to --out.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 from jspec.analysis.speedup import linear_verify_cost
 from jspec.models.hub import load_model
 from jspec.tune.costs import forward_cost
@@ -20,11 +18,10 @@ from jspec.tune.costs import forward_cost
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, out="experiments/out")
     parser.add_argument("--models", default="smollm2-135m")
     parser.add_argument("--max-k", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
     results = {}
     for name in args.models.split(","):

@@ -12,25 +12,20 @@ what the shipped head's schedule (750 steps) would take.
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", repeats=3, out="experiments/out")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--response", type=int, default=160)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--schedule", type=int, default=750, help="steps of the schedule to estimate")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
 
     import jax

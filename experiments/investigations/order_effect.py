@@ -11,23 +11,17 @@ EAGLE-3 head. A and B are one program: any gap between them is the order's doing
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import sys
 import time
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", default="spec-bench")
+    parser = arguments(__doc__, model="smollm2-135m", prompts="spec-bench", limit=3, max_new_tokens=96,
+                       out="experiments/out")  # fmt: skip
     parser.add_argument("--category", default="summarization")
-    parser.add_argument("--limit", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     args = parser.parse_args(argv)
 
     from jspec.analysis.bench import run_interleaved

@@ -28,15 +28,13 @@ Writes ``soak.json`` (the figures, the per-request trace) to --out; exits 1 when
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import sys
 import time
 
 import numpy as np
 
-from jspec.analysis.harness import save
+from jspec.analysis.harness import arguments, save
 
 
 def memory() -> tuple[float, int]:
@@ -147,12 +145,9 @@ def build(args):
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", seed=0, out="experiments/out")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100, help="requests before memory is measured")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--rows", type=span, default=(1, 8), help="batch sizes A-B")
     parser.add_argument("--prompt-lengths", type=span, default=(24, 32), help="prompt lengths A-B (tokens)")
     parser.add_argument("--budgets", type=span, default=(9, 16), help="max_new_tokens A-B")

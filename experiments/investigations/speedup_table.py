@@ -15,11 +15,10 @@ acceptance rate with the formulas. Writes ``speedup.json`` and
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 
-from jspec.analysis.harness import plot, save
+from jspec.analysis.harness import arguments, plot, save
 from jspec.analysis.simulate import simulate_chain
 from jspec.analysis.speedup import best_num_draft, estimate, linear_verify_cost
 
@@ -108,9 +107,8 @@ def _plot(rows_by_r: dict, sweeps: dict, path: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, out="experiments/out")
     parser.add_argument("--verify-slope", type=float, default=0.3, help="S in r(N) = 1 + S N (CPU-like)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/out"))
     parser.add_argument("--tiny", action="store_true", help="fewer simulated steps (tests, Colab)")
     args = parser.parse_args(argv)
 

@@ -13,24 +13,19 @@ seconds the pair of decoders spent generating.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import time
 
-from jspec.analysis.harness import append
+from jspec.analysis.harness import append, arguments
 
 
 def main(argv: list[str] | None = None) -> dict:
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = arguments(__doc__, model="smollm2-135m", repeats=3, out="experiments/results/tune_prompts.json")
     parser.add_argument("--method", default="ngram")
     parser.add_argument("--num-draft", type=int, default=4)
     parser.add_argument("--shapes", default="3x96,9x32")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", type=int, default=8)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("experiments/results/tune_prompts.json"))
     args = parser.parse_args(argv)
 
     from jspec.analysis.bench import run_interleaved, speedup_interval

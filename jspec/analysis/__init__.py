@@ -1,1 +1,2 @@
-"""Analysis: the exactness check, speedup math, toy simulations, benchmarks, step traces, prompt sets."""
+"""Analysis: the exactness check, speedup math, toy simulations, benchmarks, step traces, prompt sets, and the
+harness the experiment scripts share."""

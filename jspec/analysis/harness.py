@@ -10,6 +10,7 @@ file that collects runs), so that a result file says what produced it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import json
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 __all__ = [
     "SCHEMA",
     "append",
+    "arguments",
     "floats",
     "interleaved_seconds",
     "ints",
@@ -84,6 +86,33 @@ def ints(text: str) -> list[int]:
 def floats(text: str) -> list[float]:
     """``"0,0.7,1"`` -> [0.0, 0.7, 1.0] (empty items skipped)."""
     return [float(x) for x in text.split(",") if x.strip()]
+
+
+_COMMON = {  # the options most scripts take, as they all spell them
+    "model": {"help": "a registry name (jspec models) or a Hugging Face folder"},
+    "prompts": {"help": "prompt sets, comma-separated: mt-bench, humaneval, spec-bench[:CATEGORY] or a .jsonl"},
+    "limit": {"type": int, "help": "prompts per set"},
+    "max_new_tokens": {"type": int, "help": "new tokens per prompt"},
+    "temperatures": {"help": "comma-separated, e.g. 0,1"},
+    "repeats": {"type": int, "help": "timed repeats (their median is reported)"},
+    "seed": {"type": int},
+    "out": {"type": pathlib.Path, "help": "where the results go"},
+}
+
+
+def arguments(doc: str | None, **defaults) -> argparse.ArgumentParser:
+    """An argument parser described by the script's docstring with the common options named in
+    ``defaults`` (``model``, ``prompts``, ``limit``, ``max_new_tokens``, ``temperatures``, ``repeats``,
+    ``seed``, ``out``), each with the script's default; the script adds its own."""
+    unknown = sorted(set(defaults) - set(_COMMON))
+    if unknown:
+        raise TypeError(f"arguments() has no common option {', '.join(unknown)}; add it with add_argument.")
+    out = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in defaults.items():
+        kind = _COMMON[name].get("type", str)
+        value = kind(default) if default is not None and kind is pathlib.Path else default
+        out.add_argument("--" + name.replace("_", "-"), default=value, **_COMMON[name])
+    return out
 
 
 def machine() -> dict:
