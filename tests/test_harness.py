@@ -41,6 +41,7 @@ def test_save_records_the_run_with_its_specs_and_the_specs_round_trip(tmp_path):
     assert {"platform", "cpus", "backend", "device_kind"} <= set(run["machine"])
     assert run["versions"]["jax"] and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", run["date"])
     assert run["seconds"] > 0 and not list(tmp_path.rglob("*.tmp"))
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", run["versions"]["jspec"])  # the tests run in a checkout
 
 
 def test_a_result_that_cannot_be_written_leaves_the_previous_file_whole(tmp_path):

@@ -137,12 +137,14 @@ def versions() -> dict:
             out[package] = None
     root = pathlib.Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()  # fmt: skip
+        top, commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+                                     capture_output=True, text=True, timeout=10, check=True).stdout.split()  # fmt: skip
+        if pathlib.Path(top).resolve() != root:  # a copy without its .git inside someone else's repository
+            raise subprocess.SubprocessError(top)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
         out["jspec"] = commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, ValueError, subprocess.SubprocessError):
         out["jspec"] = None
     return out
 
