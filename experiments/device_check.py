@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"jax": jax.__version__, "backend": jax.default_backend(), "device_kind": device.device_kind,
               "device_count": jax.device_count(), "peak_hbm_gbps": peak_bandwidth(device.device_kind),
               "shapes": {}}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
     for name in shapes:
         if not budget.left():
             report["shapes"][name] = {"skipped": ["everything: the budget ran out"]}

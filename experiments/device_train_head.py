@@ -93,6 +93,7 @@ def _cmd_split(args) -> dict:
 
 
 def _cmd_join(args) -> dict:
+    args.out.mkdir(parents=True, exist_ok=True)
     join_file(args.parts, "head.safetensors", args.out / "head.safetensors")
     shutil.copy(args.parts / "head.json", args.out / "head.json")
     from jspec.heads.eagle import load_head

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         "drafter_ms": costs,
         "results": results,
     }
+    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "lookahead_grid.json", report, args=args, started=started)
     return report
 

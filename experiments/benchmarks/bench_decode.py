@@ -1,5 +1,6 @@
 """Plain greedy decoding: jspec beside transformers on the same weights, in one run.
 
+    args.out.mkdir(parents=True, exist_ok=True)
     python experiments/benchmarks/bench_decode.py [--models smollm2-135m,qwen2.5-coder-1.5b] [--batches 1,8]
         [--max-new-tokens 64] [--no-transformers] [--tiny] [--out experiments/out]
 

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.generate:
         report["generate"] = generate_cost(model, tokenizer, args.generate, max_new=args.generate_tokens)
         print(json.dumps(report["generate"]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     return save(args.out / "batch_decode_cost.json", report, args=args, started=started)
 
 

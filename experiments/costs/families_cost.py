@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = arguments(__doc__, repeats=3, out="experiments/out/families")
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
 
     import jax
     from flax import nnx

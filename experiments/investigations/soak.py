@@ -138,6 +138,7 @@ def build(args):
         "ngram": jspec.make_drafter("ngram", target, num_draft=4),
         "lookahead": jspec.make_drafter("lookahead", target),
     }
+    args.out.mkdir(parents=True, exist_ok=True)
     decoders = {"ar": Decoder(target, eos_ids=eos)}
     decoders |= {name: jspec.SpeculativeDecoder(target, d, eos_ids=eos) for name, d in methods.items()}
     return target, decoders, pool

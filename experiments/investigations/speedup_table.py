@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--verify-slope", type=float, default=0.3, help="S in r(N) = 1 + S N (CPU-like)")
     parser.add_argument("--tiny", action="store_true", help="fewer simulated steps (tests, Colab)")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
 
     costs = {c.label: c for c in (linear_verify_cost(1.0), linear_verify_cost(1.0, args.verify_slope))}
     rs = tuple(costs)

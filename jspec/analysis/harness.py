@@ -233,4 +233,5 @@ def plot(path, figsize: tuple[float, float] = (8, 4), dpi: int = 120):
     fig = figure(figsize=figsize)
     yield fig
     fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
