@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
         "forced_off_over_fixed": over_fixed,
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "adaptive_fallback.json", report, args=args, started=started)
     _plot(results, args.out / "adaptive_fallback.png")
     return report

@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> dict:
                 results[f"{name}|T={t}"] = {k: e[k] for k in ("tau", "acceptance_by_position", "tokens_per_s")}
                 print(f"{variant} {name} T={t}: tau {e['tau']:.2f}", flush=True)
         report["variants"][variant] = {"train": train_report, "results": results}
-        args.out.mkdir(parents=True, exist_ok=True)
         report = save(args.out / "eagle_ablation.json", report, args=args, started=started)
     return report
 

@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{folder} {name}: agreement {' '.join(f'{a:.3f}' for a in agree)}, "
                   f"chain-{args.steps} tau ~ {tau:.2f}", flush=True)  # fmt: skip
         report["heads"][str(folder)] = rows
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "head_agreement.json", report, args=args, started=started)
     return report
 

@@ -116,7 +116,6 @@ def main(argv: list[str] | None = None) -> dict:
         "drafter_ms": costs,
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "lookahead_grid.json", report, args=args, started=started)
     return report
 

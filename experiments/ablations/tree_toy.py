@@ -142,7 +142,6 @@ def main(argv: list[str] | None = None) -> dict:
             leaves = " ".join(f"{r:.3f}" for r in cell["leaf_rates"])
             depths = " ".join(f"{r:.2f}" for r in cell["depth_reached"])
             print(f"| {row['mix']} | {mode} | {leaves} | {depths} |")
-    args.out.mkdir(parents=True, exist_ok=True)
     results = save(args.out / "tree_toy.json", results, args=args, started=started)
     return results
 

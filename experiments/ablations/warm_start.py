@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None) -> dict:
     scores = agreement([*argv, "--out", str(args.out)])["heads"]
     for start, folder in zip(starts, folders, strict=True):
         report["starts"][start]["held_out"] = scores[folder]
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "warm_start.json", report, args=args, started=started)
     return report
 

@@ -121,7 +121,6 @@ def write_report(args, cells: list[dict], methods: list[str], started: float) ->
             losing = [c["batch"] for c in mine if c["speedup"] < 1.0]
             crossover[f"{name}|T={t:g}"] = min(losing) if losing else None
     report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "cells": cells, "crossover": crossover}
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "batch_throughput.json", report, args=args, started=started)
     _plot(report, args.out / "batch_throughput.png")
     return report

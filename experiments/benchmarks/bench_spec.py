@@ -344,7 +344,6 @@ def main(argv: list[str] | None = None) -> dict:
             for key, e in entry["transformers"]["results"].items():
                 cell = f"{e['tokens_per_s']:.2f} tokens/s" if key.endswith("|ar") else f"{e['speedup']:.2f}x"
                 print(f"  transformers {key}: {cell}", flush=True)
-        args.out.mkdir(parents=True, exist_ok=True)
         report = save(args.out / "bench_spec.json", report, args=args, started=started)
     return report
 

@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> dict:
         "table": table,
     }
     report["overall"] = _overall(table, methods, categories, temperatures)
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "spec_bench_table.json", report, args=args, started=started)
     (args.out / "spec_bench_table.md").write_text(markdown(report, methods, categories, temperatures))
     _heat_map(report, methods, categories, temperatures, args.out / "spec_bench_table.png")

@@ -38,7 +38,6 @@ def main(argv: list[str] | None = None) -> dict:
         print("  r: " + " ".join(f"{ratio[k]:5.2f}" for k in ms))
         print(f"  fit r(N + 1) = 1 + {slope:.3f} N; e.g. N = 5: {linear_verify_cost(1, slope)(5):.2f}")
         del model
-    args.out.mkdir(parents=True, exist_ok=True)
     results = save(args.out / "forward_cost.json", results, args=args, started=started)
     return results
 

@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> dict:
         report[label] = {name: e["tokens_per_s"] / base for name, e in runs.items()}
         speeds = ", ".join(f"{n} {v:.3f}x" for n, v in report[label].items())
         print(f"{label}: {speeds}; B / A = {report[label]['B'] / report[label]['A']:.3f}", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
     report = save(args.out / "order_effect.json", report, args=args, started=started)
     return report
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -23,6 +24,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+
+import jax
 
 __all__ = [
     "SCHEMA",
@@ -51,8 +55,6 @@ def interleaved_seconds(fns: Mapping[str, Callable[[], object]], repeats: int, r
     then ``repeats`` rounds in which every function runs once, each call waited for
     (``jax.block_until_ready`` on what it returns). With ``rotate`` each round starts with the next
     function, so that none always follows the same one."""
-    import jax
-
     if repeats < 1 or not fns:
         raise ValueError(f"need functions and repeats >= 1; got {len(fns)} functions, repeats {repeats}.")
     names = list(fns)
@@ -117,8 +119,6 @@ def arguments(doc: str | None, **defaults) -> argparse.ArgumentParser:
 
 def machine() -> dict:
     """Where a run ran: the host's platform and CPUs, and JAX's backend and devices."""
-    import jax
-
     devices = jax.devices()
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
             "device_kind": devices[0].device_kind, "device_count": len(devices)}  # fmt: skip
@@ -127,8 +127,6 @@ def machine() -> dict:
 def versions() -> dict:
     """The versions a result depends on: Python, jax, jaxlib, flax, numpy, and jspec's commit where
     it runs from a git checkout (``+dirty`` with uncommitted changes; None elsewhere)."""
-    from importlib import metadata
-
     out = {"python": platform.python_version()}
     for package in ("jax", "jaxlib", "flax", "numpy"):
         try:
@@ -213,8 +211,6 @@ def append(path, entry: dict, args=None, specs: Iterable = (), started: float | 
 def load_script(path):
     """An experiment script (a ``.py`` file) as a module, without running its ``main``: how one script
     reuses another's measurement, and how the tests call scripts."""
-    import importlib.util
-
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no experiment script at {path}.")
@@ -228,7 +224,7 @@ def load_script(path):
 def plot(path, figsize: tuple[float, float] = (8, 4), dpi: int = 120):
     """A matplotlib figure, laid out and saved to ``path`` when the block ends; pyplot's backend is never
     touched, so a notebook's inline plots stay as they were."""
-    from jspec.cli.common import figure
+    from jspec.cli.common import figure  # the command line's helpers: loaded only where a script plots
 
     fig = figure(figsize=figsize)
     yield fig
