@@ -35,6 +35,7 @@ from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
 from jspec.loop.results import GenerationResult
 from jspec.methods import make_drafter
+from jspec.models.hub import load_model as _load
 from jspec.tune.auto import AutoDecoder
 from jspec.tune.tuned import Setting, TunedConfig, load_tuned
 
@@ -46,7 +47,6 @@ def load_model(name_or_path: str, *, layer_loop: str | None = None, dtype=None):
     name (fetched, SHA-256 verified, converted once) or a Hub id ``ORG/NAME[@REVISION]`` (its config,
     tokenizer and safetensors downloaded into the Hub's cache), tried in that order; ``dtype`` "float32" or "bfloat16"
     (default: float32 on CPU, bfloat16 on an accelerator); see :func:`jspec.models.hub.load_model`."""
-    from jspec.models.hub import load_model as _load
 
     return _load(name_or_path, layer_loop=layer_loop, dtype=dtype)
 

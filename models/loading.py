@@ -15,10 +15,13 @@ import os
 import pathlib
 import sys
 
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors.numpy import save_file
+from tqdm import tqdm
 
 from jspec.files import temporary_dir
 from jspec.models.config import ModelConfig
@@ -50,7 +53,6 @@ def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
 def progress(iterable, desc: str, total: int | None = None):
     """A tqdm bar on stderr: shown where stderr is a terminal or JSPEC_PROGRESS=1, never with JSPEC_PROGRESS=0
     (what ``--json`` sets)."""
-    from tqdm import tqdm
 
     flag = os.environ.get("JSPEC_PROGRESS", "")
     disable = flag == "0" or not (sys.stderr.isatty() or flag)
@@ -134,8 +136,6 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, extra_manifest:
     The folder is written next to its final place and renamed into it, so an
     interrupted conversion never leaves a half-written model behind.
     """
-    import gguf
-    from safetensors.numpy import save_file
 
     gguf_path, out_dir = pathlib.Path(gguf_path), pathlib.Path(out_dir)
     try:

@@ -12,7 +12,9 @@ import json
 import pathlib
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
+from safetensors import safe_open
 
 __all__ = ["INDEX", "SafetensorsFolder", "hf_lookup"]
 
@@ -66,8 +68,6 @@ def _expected_size(path: pathlib.Path) -> int:
 
 def _numpy_dtype(code: str):
     if code == "BF16":  # numpy has no bfloat16; ml_dtypes (a JAX dependency) does
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype({"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
                      "U8": "u1", "BOOL": "?"}[code])  # fmt: skip
@@ -105,8 +105,6 @@ class SafetensorsFolder:
     """
 
     def __init__(self, folder: pathlib.Path):
-        from safetensors import safe_open
-
         folder = pathlib.Path(folder)
         files, weight_map = _shard_files(folder)
         self.where, self.used, self._headers = {}, set(), {}

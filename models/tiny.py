@@ -1,10 +1,12 @@
 """Tiny random-weight models: for tests, notebooks and experiments that need a model in seconds (claims about
 speed or acceptance are measured on the real models instead)."""
 
+import numpy as np
 from flax import nnx
 
 from jspec.models.config import ModelConfig
 from jspec.models.llama import Transformer
+from jspec.models.loading import build_model
 
 
 def tiny_config(family="llama", **kw) -> ModelConfig:
@@ -32,9 +34,6 @@ def tiny_model(family="llama", layer_loop="unrolled", seed=0, **kw) -> Transform
 def peaked_model(family="qwen2", seed=0, scale=0.4, layer_loop="unrolled", **kw) -> Transformer:
     """A tiny model with large random weights: its next-token distributions are far from uniform,
     so two such models disagree often (what statistical tests with negative controls need)."""
-    import numpy as np
-
-    from jspec.models.loading import build_model
 
     c = tiny_config(family, **kw)
     rng = np.random.default_rng(seed)

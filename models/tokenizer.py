@@ -11,6 +11,7 @@ import dataclasses
 import json
 import pathlib
 
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 __all__ = ["TextTokenizer", "tokenizer_from_gguf_metadata"]
@@ -96,7 +97,6 @@ class TextTokenizer:
         """Renders the model's own (Jinja) chat template."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass the raw prompt instead of chat messages.")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         # A sandbox: the template is data that came with untrusted model files.
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

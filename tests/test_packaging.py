@@ -1,6 +1,7 @@
 """The package as a wheel ships it: every package folder listed in pyproject.toml, and a top level that
 reads as the architecture."""
 
+import ast
 import pathlib
 import tomllib
 
@@ -25,3 +26,36 @@ def test_every_package_is_listed_for_the_wheel():
 def test_the_top_level_is_at_most_twelve_entries():
     entries = sorted(p.name for p in (ROOT / "jspec").iterdir() if p.name != "__pycache__")
     assert len(entries) <= 12, entries
+
+
+def unexplained_local_imports(source: str) -> list[int]:
+    """Lines of imports inside a function with no reason given: a comment on the import's first line,
+    on the line above it, or on the line above the run of imports it belongs to. A module imported
+    inside a function is an optional dependency or a start-up cost, and says which."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for stmt in ast.walk(node):
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                first = stmt.lineno - 1
+                while first > 0 and lines[first - 1].lstrip().startswith(("import ", "from ")):
+                    first -= 1  # the run of imports this one belongs to
+                near = [lines[stmt.lineno - 1], lines[stmt.lineno - 2], lines[first - 1] if first else ""]
+                if not any("#" in line for line in near):
+                    found.append(stmt.lineno)
+    return sorted(found)
+
+
+def test_every_import_inside_a_function_says_why_with_negative_control():
+    found = {}
+    for folder in ("jspec", "models"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if lines := unexplained_local_imports(path.read_text()):
+                found[str(path.relative_to(ROOT))] = lines
+    assert found == {}
+    bare = "def f():\n    import json\n\n    return json\n"
+    assert unexplained_local_imports(bare) == [2]  # negative control: an import with no reason is found
+    told = "def f():\n    # imported here: an optional extra\n    import a\n    import b\n\n    return a, b\n"
+    assert unexplained_local_imports(told) == []

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import jax
 import numpy as np
 
 from jspec.loop.batching import bucket
 from jspec.loop.results import GenerationResult
+from jspec.models.loading import progress as bar
 
 __all__ = [
     "batches",
@@ -50,7 +52,6 @@ def forget_compiled(decoders) -> None:
     """Drops the decoders' compiled loops (an auto decoder's too) and JAX's caches. A sweep over many
     decoders in one process needs it: XLA on CPU maps each compiled SmolLM2 loop into ~2,000 memory
     regions of its own, and Linux allows a process 65,530 (``vm.max_map_count``; docs/library.md)."""
-    import jax
 
     for decoder in decoders:
         forget_compiled(getattr(decoder, "_decoders", {}).values())
@@ -112,8 +113,6 @@ def run_interleaved(
     names = list(decoders)
     todo = batches(prompt_ids, batch)
     if progress:
-        from jspec.models.loading import progress as bar
-
         todo = bar(todo, "benchmarking", total=len(todo))
     for i, rows in enumerate(todo):
         k = i % len(names) if rotate else 0
@@ -140,7 +139,7 @@ def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tup
     percentile bootstrap over four prompts once called plain decoding run twice "0.87-0.99x": it
     is too narrow for so few.)
     """
-    from scipy import stats
+    from scipy import stats  # imported here: scipy.stats adds seconds to start-up; only intervals need it
 
     tokens, seconds = np.asarray(entry["batch_tokens"], float), np.asarray(entry["batch_seconds"], float)
     p_tokens, p_seconds = np.asarray(plain["batch_tokens"], float), np.asarray(plain["batch_seconds"], float)

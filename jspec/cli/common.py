@@ -7,6 +7,9 @@ import contextlib
 import sys
 import time
 
+from jspec.analysis.speedup import estimate
+from jspec.loop.sharding import initialize, make_mesh, parse_mesh
+
 __all__ = [
     "DEFAULTS_SHOWN", "Parser", "add_mesh_options", "add_model_options", "figure", "interrupt_hooks", "mesh_from_args",
     "on_interrupt", "plot_bench", "plot_speedup", "stream_printer",
@@ -71,7 +74,6 @@ def add_mesh_options(p: argparse.ArgumentParser) -> None:
 def mesh_from_args(args):
     """The mesh ``--mesh`` asks for (None without it), joining the other processes first when
     ``--coordinator`` is given; bad values are refused before any model loads."""
-    from jspec.loop.sharding import initialize, make_mesh, parse_mesh
 
     distributed = (args.coordinator, args.num_processes, args.process_id)
     if any(v is not None for v in distributed):
@@ -130,7 +132,7 @@ def stream_printer(tokenizer, out=None, show: bool = True) -> _StreamPrinter:
 def figure(**kwargs):
     """A matplotlib Figure of its own: drawn and saved without pyplot, so the caller's backend (a
     notebook's inline plots) is never switched."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # imported here: matplotlib adds start-up time; only plots need it
 
     return Figure(**kwargs)
 
@@ -158,7 +160,6 @@ def plot_bench(out: dict, path: str) -> None:
 
 def plot_speedup(alpha: float, cost_ratio: float, verify_cost, max_n: int, path: str) -> None:
     """Speedup and expected tokens per target forward against N for one (alpha, c, r)."""
-    from jspec.analysis.speedup import estimate
 
     ns = list(range(1, max_n + 1))
     ests = [estimate(alpha, n, cost_ratio, verify_cost) for n in ns]

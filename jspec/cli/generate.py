@@ -7,6 +7,11 @@ import json
 import sys
 import time
 
+import jax
+
+from jspec.analysis.bench import run_interleaved, speedup_interval
+from jspec.analysis.prompts import load_prompts
+from jspec.api import make_decoder
 from jspec.cli.common import (
     add_mesh_options,
     add_model_options,
@@ -15,6 +20,11 @@ from jspec.cli.common import (
     plot_bench,
     stream_printer,
 )
+from jspec.core.sampling import SamplingParams
+from jspec.drafters.base import draft_depth
+from jspec.methods import DEFAULTS, METHODS, AutoSpec, PlainSpec, parse_all, parse_tree
+from jspec.models.hub import load_model
+from jspec.tune.tuned import load_tuned
 
 __all__ = ["add_decode_commands"]
 
@@ -23,14 +33,12 @@ HEAD_HELP = "folder of a trained EAGLE head or of Medusa heads (default: the EAG
 
 def _tree(args):
     """--tree and its knobs as a draft shape (:func:`jspec.methods.parse_tree`); None for a chain."""
-    from jspec.methods import parse_tree
 
     return parse_tree(args.tree, top_k=args.tree_top_k, depth=args.tree_depth, total=args.tree_nodes)
 
 
 def _num_draft(args) -> int:
     """N as the drafters take it: --num-draft, or the shared default for a chain, or the tree's depth."""
-    from jspec.drafters.base import draft_depth
 
     return draft_depth(args.num_draft, _tree(args))
 
@@ -38,7 +46,6 @@ def _num_draft(args) -> int:
 def _specs(args, methods, draft_model=None, workload=None) -> list:
     """Each method's spec with the flags it takes (:func:`jspec.methods.parse_all`): a flag no method
     takes, an unknown method or a bad option is refused by name before any model is loaded."""
-    from jspec.methods import AutoSpec, parse_all
 
     given = {"num_draft": args.num_draft, "tree": _tree(args), "head": args.head, "config": args.config,
              "draft_model": draft_model or args.draft_model, "ngram_min": args.ngram_min, "ngram_max": args.ngram_max,
@@ -49,8 +56,6 @@ def _specs(args, methods, draft_model=None, workload=None) -> list:
               "pool_size": "--lookahead-pool"}  # fmt: skip
     specs = parse_all(methods, context={"workload": workload}, flags=flags, **given)
     if args.config and any(isinstance(s, AutoSpec) for s in specs):
-        from jspec.tune.tuned import load_tuned
-
         # a damaged file, another model's, or one without the temperature's band: refused before any model loads
         load_tuned(args.config, model=args.model).choose(args.temperature)
     return specs
@@ -60,20 +65,16 @@ def _decoder(spec, args, model, tokenizer, mesh=None):
     """The decoder of a method's spec (:func:`jspec.api.make_decoder`): plain, prompt lookup, a draft
     model, an EAGLE head (``--head``, or the one shipped for ``--model``), Medusa, Lookahead, or auto
     (``--config``, else the config tuned for the workload or last for the model, else the cost profile)."""
-    from jspec.api import make_decoder
 
     return make_decoder(spec, model, eos_ids=tokenizer.eos_token_ids, mesh=mesh, model_name=args.model)
 
 
 def jax_process_index() -> int:
-    import jax
 
     return jax.process_index()
 
 
 def _cmd_generate(args) -> int:
-    from jspec.core.sampling import SamplingParams
-    from jspec.models.hub import load_model
 
     started = time.time()
     sampling = SamplingParams.create(args.temperature, args.top_k, args.top_p)
@@ -129,11 +130,6 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from jspec.analysis.bench import run_interleaved, speedup_interval
-    from jspec.analysis.prompts import load_prompts
-    from jspec.core.sampling import SamplingParams
-    from jspec.methods import PlainSpec
-    from jspec.models.hub import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     named = _specs(args, methods)  # checked before anything loads; recorded with the results
@@ -193,8 +189,6 @@ def _cmd_bench(args) -> int:
 
 
 def _add_ngram(p, positive_int) -> None:
-    from jspec.methods import DEFAULTS
-
     p.add_argument("--ngram-min", type=positive_int, default=None,
                    help=f"prompt lookup: the shortest suffix that counts as a match (default {DEFAULTS.ngram_min}: "
                         "a single repeated token drafts too often in vain)")  # fmt: skip
@@ -203,7 +197,6 @@ def _add_ngram(p, positive_int) -> None:
 
 
 def _add_lookahead(p, positive_int) -> None:
-    from jspec.methods import DEFAULTS
 
     d = DEFAULTS
     p.add_argument("--lookahead-window", type=positive_int, default=None,
@@ -225,7 +218,6 @@ def _add_lookahead(p, positive_int) -> None:
 
 
 def _add_tree(p, positive_int) -> None:
-    from jspec.methods import DEFAULTS  # the Python API's defaults (jspec.core.tree.DynamicTreeSpec's size)
 
     tree_help = (
         "chain (N = --num-draft), dynamic (EAGLE-2), measured (Medusa: the best tree for the heads' "
@@ -242,8 +234,6 @@ def _add_tree(p, positive_int) -> None:
 
 
 def _methods() -> tuple[str, ...]:
-    from jspec.methods import METHODS
-
     return METHODS
 
 

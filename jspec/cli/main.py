@@ -11,6 +11,22 @@ import json
 import os
 import sys
 import threading
+import time
+
+from jspec import __version__
+from jspec.analysis.check import CheckConfig, run_check, verify_chain_without_residual
+from jspec.analysis.speedup import best_num_draft, estimate, linear_verify_cost
+from jspec.cli.common import Parser, interrupt_hooks, plot_speedup
+from jspec.cli.generate import add_decode_commands
+from jspec.core.verify import verify_chain
+from jspec.heads.export import export_head
+from jspec.heads.formats import load_any_head
+from jspec.loop.xla_cache import enable_compilation_cache
+from jspec.models.hub import fetch, load_model
+from jspec.models.loading import load_folder
+from jspec.models.registry import get_source
+from jspec.training.cli import add_train_command
+from jspec.tune.cli import add_tune_commands
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED_CHECK", "EXIT_INTERRUPTED", "EXIT_OK", "main"]
 
@@ -22,9 +38,6 @@ def _add_json(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_check(args) -> int:
-    from jspec.analysis.check import CheckConfig, run_check, verify_chain_without_residual
-    from jspec.core.verify import verify_chain
-
     config = CheckConfig(
         steps=args.steps,
         num_draft=args.num_draft,
@@ -68,8 +81,6 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_speedup(args) -> int:
-    from jspec.analysis.speedup import best_num_draft, estimate, linear_verify_cost
-
     r = linear_verify_cost(args.verify_cost, args.verify_slope)
     if args.n is not None:
         est = estimate(args.alpha, args.n, args.cost_ratio, r)
@@ -90,8 +101,6 @@ def _cmd_speedup(args) -> int:
         "worthwhile": est.worthwhile,
     }
     if args.plot:
-        from jspec.cli.common import plot_speedup
-
         plot_speedup(args.alpha, args.cost_ratio, r, min(args.max_n, max(16, 2 * best.num_draft)), args.plot)
     if args.json:
         print(json.dumps(out))
@@ -107,12 +116,6 @@ def _cmd_speedup(args) -> int:
 
 
 def _cmd_fetch(args) -> int:
-    import time
-
-    from jspec.models.hub import fetch
-    from jspec.models.loading import load_folder
-    from jspec.models.registry import get_source
-
     source = get_source(args.name)
     t0 = time.perf_counter()
     folder = fetch(args.name)
@@ -144,10 +147,6 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_export_head(args) -> int:
-    from jspec.heads.export import export_head
-    from jspec.heads.formats import load_any_head
-    from jspec.models.hub import load_model
-
     model, _ = load_model(args.model, dtype="float32")  # the head is attached to its target to be read
     head = load_any_head(args.head, model)
     out = export_head(head, args.format, args.out, verifier=args.model, num_draft=args.num_draft)
@@ -167,8 +166,7 @@ def _positive_int(text: str) -> int:
 def reference(width: int = 100) -> str:
     """The command-line reference (``docs/cli.md``): every command's ``--help`` at ``width`` columns,
     written by ``make docs`` and compared with the parsers by the tests."""
-    import os
-    import unittest.mock
+    import unittest.mock  # imported here: only `make docs` and its test need it
 
     out = ["# Command-line reference", "",
            "Every command's `--help`, generated from its parser by `make docs` (a test fails when this file is "
@@ -186,12 +184,6 @@ def reference(width: int = 100) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jspec import __version__
-    from jspec.cli.common import Parser
-    from jspec.cli.generate import add_decode_commands
-    from jspec.training.cli import add_train_command
-    from jspec.tune.cli import add_tune_commands
-
     parser = Parser(prog="jspec", description="Exact speculative decoding in JAX.",
                     epilog="exit statuses: 0 success, 1 a check that ran and failed, 2 bad input, "
                     "130 interrupted (Ctrl-C)")  # fmt: skip
@@ -267,7 +259,6 @@ def _interruptible(args) -> int:
     the command's interrupt hooks run (``generate`` prints what it generated), one line goes to stderr,
     and the process exits with 130. Every file jspec writes is renamed into place when complete and
     training resumes from its checkpoints, so stopping at any moment loses nothing finished."""
-    from jspec.cli.common import interrupt_hooks
 
     box = {}
 
@@ -300,8 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "bench", "train", "tune"):
-        from jspec.loop.xla_cache import enable_compilation_cache
-
         enable_compilation_cache()
     quiet = getattr(args, "json", False)  # --json: one object on stdout and no progress bars on stderr
     before = os.environ.get("JSPEC_PROGRESS")

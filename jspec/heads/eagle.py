@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from jspec.core.cache import KVCache
 from jspec.files import atomic_write, write_text
@@ -331,7 +333,6 @@ def save_head(head: DraftHead, folder, recipe: dict | None = None) -> pathlib.Pa
     The frozen copies of the target's arrays are not written; :func:`load_head`
     takes them from the target again.
     """
-    from safetensors.numpy import save_file
 
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -351,7 +352,6 @@ def save_head(head: DraftHead, folder, recipe: dict | None = None) -> pathlib.Pa
 
 def read_tensors(path: pathlib.Path) -> dict:
     """Every tensor of a head's safetensors file (numpy); a damaged file is refused, naming it."""
-    from safetensors import safe_open
 
     try:
         with safe_open(str(path), "numpy") as f:

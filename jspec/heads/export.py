@@ -12,6 +12,7 @@ import json
 import pathlib
 
 import numpy as np
+from safetensors.numpy import save_file
 
 from jspec.files import temporary_dir
 from jspec.heads.eagle import DraftHead, HeadConfig
@@ -85,7 +86,6 @@ def export_head(
     """Writes ``head`` into ``out`` in a published layout (:data:`EXPORTS`) that SGLang (``specforge``), vLLM
     (``speculators``), SafeAILab/EAGLE (``eagle``) or FasterDecoding/Medusa (``medusa``) load. Refuses, naming
     the reason, a head the format cannot state (another computation, layers its convention cannot name)."""
-    from safetensors.numpy import save_file
 
     if fmt not in EXPORTS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(EXPORTS)}.")

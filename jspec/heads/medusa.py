@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors.numpy import save_file
 
 from jspec.files import atomic_write, write_text
 from jspec.heads.eagle import Frozen, read_tensors
@@ -104,7 +105,6 @@ class MedusaHeads(nnx.Module):
 def save_medusa(heads: MedusaHeads, folder, recipe: dict | None = None) -> pathlib.Path:
     """Writes the trained blocks (float16) to ``medusa.safetensors`` and the config and recipe to
     ``medusa.json`` (the output layer is the target's and is not written); atomically per file."""
-    from safetensors.numpy import save_file
 
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

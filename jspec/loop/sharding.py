@@ -34,6 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
@@ -189,7 +191,6 @@ def to_host(tree):
     def read(x):
         if not isinstance(x, jax.Array) or x.is_fully_addressable:
             return np.asarray(x)
-        from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
@@ -219,7 +220,6 @@ def weight_spec(name: str, shape: tuple, mesh: Mesh, config, rules: dict = MEGAT
 def place_model(mesh: Mesh | None, model, rules: dict = MEGATRON):
     """``nnx.split(model)`` with its weights placed on ``mesh``: split over the model axis by
     ``rules`` (q, k, v and gate, up unfused first) or replicated; unplaced without a mesh."""
-    from flax import nnx
 
     config = getattr(model, "config", None)
     if mesh is None or axis_size(mesh, MODEL) == 1 or not hasattr(model, "unfused"):

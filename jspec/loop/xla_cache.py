@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import jax
 
+from jspec.models.hub import cache_root
+
 __all__ = ["CACHE_BYTES", "enable_compilation_cache"]
 
 _CACHE_CHECKED = [False]
@@ -40,7 +42,6 @@ def enable_compilation_cache(force: bool = False) -> pathlib.Path | None:
     setting = os.environ.get("JSPEC_XLA_CACHE", "1").strip()
     if setting.lower() in _OFF:
         return None
-    from jspec.models.hub import cache_root
 
     folder = cache_root() / "xla" if setting.lower() in ("", "1", "on", "true", "yes") else pathlib.Path(setting)
     try:  # JAX would warn at every write; one line here, and no cache

@@ -4,9 +4,23 @@ entry point)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import pathlib
 
+import jax
+
+from jspec.analysis.bench import run_prompts
+from jspec.analysis.prompts import load_prompts
 from jspec.cli.common import add_mesh_options, mesh_from_args
+from jspec.core.sampling import SamplingParams
+from jspec.drafters import EagleDrafter, MedusaDrafter
+from jspec.drafters.medusa import best_branching
+from jspec.loop.engine import SpeculativeDecoder
+from jspec.methods import DEFAULTS
+from jspec.models.hub import load_model
+from jspec.training import Recipe, TrainConfig, train_head
+from jspec.training.conversations import DatasetName
 
 __all__ = ["add_train_command"]
 
@@ -91,19 +105,11 @@ def add_train_command(sub, positive_int, add_json) -> None:
 
 
 def _cmd_train(args) -> int:
-    import dataclasses
-    import pathlib
-
-    from jspec.models.hub import load_model
-    from jspec.training import Recipe, TrainConfig, train_head
-
     for path in args.data_file:  # checked before the model loads (their rows when the tokenizer is there)
         if not pathlib.Path(path).exists():
             raise ValueError(f"--data-file {path}: no such file (a JSONL file of ShareGPT or OpenAI chat rows, or a "
                              "folder a Hugging Face dataset was saved to).")  # fmt: skip
     if args.dataset:  # found (or refused by name) before the model loads
-        from jspec.training.conversations import DatasetName
-
         for name in args.dataset:
             DatasetName(name).open()
     if args.regenerate and not (args.data_file or args.dataset):
@@ -130,7 +136,6 @@ def _cmd_train(args) -> int:
         raise ValueError("--medusa-heads is for `jspec train medusa`.")
     if args.ttt_steps is not None and args.kind == "eagle1":
         raise ValueError("--ttt-steps is for EAGLE-3 heads (EAGLE-1 trains without training-time test).")
-    import jax
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     if args.tiny:
@@ -191,9 +196,6 @@ def _cmd_train(args) -> int:
             print("loss per TTT step: " + " ".join(f"{x:.3f}" for x in final["loss"]))
             print("top-1 agreement per TTT step: " + " ".join(f"{x:.3f}" for x in final["acc"]))
         if "rank_rates" in report:
-            from jspec.drafters.medusa import best_branching
-            from jspec.methods import DEFAULTS
-
             rates = report["rank_rates"]
             print(f"held-out rank rates per head ({report['held_out_examples']} examples), top 1..3: "
                   + "; ".join(" ".join(f"{x:.3f}" for x in row[:3]) for row in rates))  # fmt: skip
@@ -208,17 +210,10 @@ def _cmd_train(args) -> int:
 
 def _evaluate_head(head, model, tokenizer, args) -> dict:
     """τ of the trained head on held-out MT-bench prompts (greedy, chain of --num-draft)."""
-    from jspec.analysis.bench import run_prompts
-    from jspec.analysis.prompts import load_prompts
-    from jspec.core.sampling import SamplingParams
-    from jspec.drafters import EagleDrafter
-    from jspec.loop.engine import SpeculativeDecoder
 
     prompts = load_prompts("mt-bench", None, args.eval_prompts)
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
     if args.kind == "medusa":
-        from jspec.drafters import MedusaDrafter
-
         drafter = MedusaDrafter.from_heads(head, model, num_draft=min(args.num_draft, head.config.num_heads))
     else:
         drafter = EagleDrafter.from_head(head, model, num_draft=args.num_draft)

@@ -31,8 +31,10 @@ import pathlib
 import zipfile
 
 import numpy as np
+from jinja2 import TemplateError
 
 from jspec.files import atomic_write
+from jspec.models.hub import cache_root
 
 __all__ = [
     "Conversations", "DatasetName", "load_conversations", "parse_row", "read_rows", "regenerate",
@@ -247,7 +249,6 @@ def tokenize_conversation(tokenizer, messages: list[dict], seq_len: int) -> tupl
     template's end of turn. Both renderings must be prefixes of the whole one in tokens; a template
     that rewrites earlier turns (or merges tokens across a turn's edge) is refused for that row.
     """
-    from jinja2 import TemplateError
 
     try:
         ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
@@ -312,8 +313,6 @@ def _tokenizer_key(tokenizer) -> str:
 
 def _cache_path(sha: str, tokenizer, seq_len: int, root: pathlib.Path | None, how: str = "") -> pathlib.Path:
     if root is None:
-        from jspec.models.hub import cache_root
-
         root = cache_root() / "data" / "conversations"
     key = f"{FORMAT}\0{sha}\0{_tokenizer_key(tokenizer)}\0{seq_len}\0{how}"
     key = hashlib.sha256(key.encode()).hexdigest()[:24]

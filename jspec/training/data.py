@@ -38,7 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jspec.analysis.prompts import SPEC_BENCH_DEFAULT, load_prompts
+from jspec.core.sampling import SamplingParams
 from jspec.files import atomic_write, write_text
+from jspec.loop.decode import Decoder
+from jspec.models.hub import cache_root
 
 __all__ = [
     "feature_forward", "fitting_prompts", "generate_examples", "load_shards", "self_instruct_prompts",
@@ -66,7 +70,6 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0, max_doc_chars: int =
     Building them reads ~560 files (5 s here); the list is kept in the jspec cache folder,
     keyed by the interpreter, the arguments and the format.
     """
-    from jspec.models.hub import cache_root
 
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     key = hashlib.sha256(f"{_STDLIB_PROMPTS_FORMAT}:{sys.version}:{root}:{seed}:{max_doc_chars}".encode())
@@ -148,7 +151,6 @@ def _word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 def evaluation_ngrams(n: int = 8) -> set[tuple[str, ...]]:
     """The word n-grams of every evaluation prompt (MT-bench, HumanEval, and Spec-Bench when present)."""
-    from jspec.analysis.prompts import SPEC_BENCH_DEFAULT, load_prompts
 
     sources = ["mt-bench", "humaneval"] + (["spec-bench"] if SPEC_BENCH_DEFAULT.is_file() else [])
     grams = set()
@@ -170,8 +172,6 @@ def self_instruct_prompts(model, tokenizer, count: int, *, seed: int = 0, max_to
     Deterministic for a given model, seed and batch size. Raises ValueError when the
     template has no user-message slot or ``count`` prompts are not found in 20 rounds.
     """
-    from jspec.core.sampling import SamplingParams
-    from jspec.loop.decode import Decoder
 
     marker = "\x00"
     text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
@@ -246,8 +246,6 @@ def generate_examples(model, tokenizer, prompts: list[str], feature_layers: tupl
     atomically); a run killed midway and started again with the same arguments takes those batches
     from it instead of generating them again.
     """
-    from jspec.core.sampling import SamplingParams
-    from jspec.loop.decode import Decoder
 
     c = model.config
     decoder = Decoder(model, eos_ids=tokenizer.eos_token_ids)

@@ -13,10 +13,15 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
+from tqdm import tqdm
 
+from jspec.core.sampling import SamplingParams
 from jspec.files import write_text
 from jspec.heads.eagle import KINDS, DraftHead, HeadConfig, draft_vocabulary, load_head, save_head
 from jspec.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
+from jspec.loop.decode import Decoder
+from jspec.training.conversations import DatasetName, load_conversations, regenerate
 from jspec.training.data import (
     generate_examples,
     load_shards,
@@ -25,6 +30,7 @@ from jspec.training.data import (
     stdlib_prompts,
     write_shards,
 )
+from jspec.training.medusa import rank_rates
 from jspec.training.run_record import check_same_run
 from jspec.training.trainer import TrainConfig, Trainer
 
@@ -101,14 +107,8 @@ def prepare_data(target, tokenizer, recipe: Recipe, folder: pathlib.Path, model_
     stored = None if recipe.features == "online" else layers  # online: ids and masks only
     conversations = []
     if recipe.data_files or recipe.datasets:  # the files' contents, not their names, decide the data
-        from jspec.training.conversations import DatasetName, load_conversations
-
         rewrite, how = None, ""
         if recipe.regenerate:
-            from jspec.core.sampling import SamplingParams
-            from jspec.loop.decode import Decoder
-            from jspec.training.conversations import regenerate
-
             decoder = Decoder(target, eos_ids=tokenizer.eos_token_ids)
             sampling = SamplingParams.create(recipe.gen_temperature)
             rewrite = lambda convs: regenerate(decoder, tokenizer, convs, recipe.seq_len,  # noqa: E731
@@ -223,8 +223,6 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
     if first:  # over several processes the first one makes the data; the others read it when it is there
         data = prepare_data(target, tokenizer, recipe, data_dir, model_name, bars=bar)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("jspec train: data ready")
         if not first:
             data = prepare_data(target, tokenizer, recipe, data_dir, model_name)
@@ -276,8 +274,6 @@ def train_head(target, tokenizer, recipe: Recipe, out_dir, *, model_name: str, d
         "step_seconds": [row["seconds"] for row in history],  # each step's wall time, the first compiling
     }
     if recipe.kind == "medusa" and trainer.step >= recipe.train.total_steps:
-        from jspec.training.medusa import rank_rates
-
         report["held_out_examples"] = len(heldout["tokens"])
         report["rank_rates"] = np.round(rank_rates(head, heldout), 5).tolist()
     if trainer.step >= recipe.train.total_steps and first:
@@ -322,7 +318,6 @@ def _progress_bar(enabled: bool):
     def make(desc, total, start=0):
         if not enabled:
             return None
-        from tqdm import tqdm
 
         bar = tqdm(total=total, initial=start, desc=desc, leave=False)
         state = {"n": start}

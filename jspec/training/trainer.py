@@ -27,7 +27,9 @@ import optax
 from flax import nnx
 
 from jspec.heads.eagle import DraftHead
+from jspec.loop.sharding import DATA, axis_size, check_mesh, place_model, replicate, shard_rows, to_host
 from jspec.training.loss import head_loss, loss_window, token_counts
+from jspec.training.medusa import medusa_loss
 
 __all__ = ["PEAK_FLOPS", "TrainConfig", "Trainer", "batch_order", "make_optimizer", "peak_flops"]
 
@@ -119,7 +121,7 @@ class Trainer:
         self.rms_eps = rms_eps
         self.manager = None
         if checkpoint_dir is not None:
-            import orbax.checkpoint as ocp
+            import orbax.checkpoint as ocp  # imported here: orbax adds start-up time; only checkpointed runs need it
 
             # Synchronous saves: when fit() moves past a checkpoint step, that checkpoint is on disk.
             options = ocp.CheckpointManagerOptions(
@@ -155,7 +157,6 @@ class Trainer:
     def for_medusa(cls, heads, config: TrainConfig, checkpoint_dir=None) -> Trainer:
         """A trainer of Medusa heads (attached to their target): :func:`jspec.training.medusa.medusa_loss`
         with ``config.decay`` per head; ``config.num_steps`` must be the number of heads (the loss window)."""
-        from jspec.training.medusa import medusa_loss
 
         if config.num_steps != heads.config.num_heads:
             raise ValueError(f"config.num_steps ({config.num_steps}) must equal the number of Medusa heads "
@@ -167,7 +168,6 @@ class Trainer:
         """Trains over ``mesh`` (:func:`jspec.loop.sharding.make_mesh`; see the module docstring): batches split
         over its ``data`` axis, the target's weights over ``model``. Call before :meth:`restore`; a
         checkpoint written on any mesh (or one device) restores onto any other."""
-        from jspec.loop.sharding import DATA, axis_size, check_mesh, place_model, replicate
 
         online = self._online
         check_mesh(mesh, None if online is None else nnx.merge(online[0], online[1]).config)
@@ -241,8 +241,6 @@ class Trainer:
         return params, opt_state, metrics | {"grad_norm": optax.tree.norm(g)}
 
     def _place_batch(self, batch: dict) -> dict:
-        from jspec.loop.sharding import shard_rows
-
         rows = len(batch["tokens"])
         return shard_rows(self.mesh, batch, rows, rows)
 
@@ -278,7 +276,7 @@ class Trainer:
         """Loads the latest checkpoint if there is one; returns whether it did."""
         if self.manager is None or self.manager.latest_step() is None:
             return False
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # imported here, as in __init__
 
         step = self.manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._saved())
@@ -301,7 +299,7 @@ class Trainer:
     def save(self, force: bool = False) -> None:
         """Checkpoints at the interval's steps (or now, with ``force``); a step is saved once."""
         if self.manager is not None and self.step not in self.manager.all_steps():
-            import orbax.checkpoint as ocp
+            import orbax.checkpoint as ocp  # imported here, as in __init__
 
             self.manager.save(self.step, args=ocp.args.StandardSave(self._saved()), force=force)
 
@@ -318,7 +316,6 @@ class Trainer:
         bfloat16 peak, :data:`PEAK_FLOPS`; None where the peak is not known, as on CPUs) and the
         step's metrics.
         """
-        from jspec.loop.sharding import to_host
 
         c = self.config
         until = c.total_steps if until is None else min(until, c.total_steps)
@@ -352,7 +349,6 @@ class Trainer:
 
     def head(self) -> DraftHead:
         """The trained head, its arrays on the host's default device (gathered from a mesh)."""
-        from jspec.loop.sharding import to_host
 
         if self.mesh is None:
             params, frozen = self.params, self.frozen

@@ -17,7 +17,12 @@ import sys
 import numpy as np
 
 from jspec.drafters.base import DEFAULT_NUM_DRAFT
+from jspec.loop.adaptive import StepCosts
+from jspec.loop.batching import bucket
+from jspec.models.hub import load_model, shipped_head
+from jspec.tune.costs import load_profile, measure_profile, profile_drafters, profile_path, save_profile, weights_dtype
 from jspec.tune.tuned import Setting, TunedConfig, load_tuned, tuned_path
+from jspec.tune.workload import available_families
 
 __all__ = ["AutoDecoder", "default_setting"]
 
@@ -26,7 +31,6 @@ def default_setting(profile, families, num_draft: int = DEFAULT_NUM_DRAFT) -> Se
     """Without a workload's acceptance: the family whose speculative step costs the fewest plain steps
     beyond its own plain step (the lowest break-even accepted drafts per step), N = ``num_draft``,
     with the adaptive fallback and the profile's step costs."""
-    from jspec.loop.adaptive import StepCosts
 
     best = None
     for family in families:
@@ -68,7 +72,6 @@ class AutoDecoder:
 
     def __init__(self, target, *, eos_ids=(), config=None, model_name: str | None = None,
                  workload: str | None = None, profile=None, head=None, draft_model=None, mesh=None):  # fmt: skip
-        from jspec.tune.costs import weights_dtype
 
         self.target, self.eos_ids, self.mesh = target, eos_ids, mesh
         self.model_name, self.profile = model_name, profile
@@ -105,12 +108,9 @@ class AutoDecoder:
         """The setting a call at this temperature and batch size runs."""
         if self.config is not None:
             return self.config.choose(temperature, batch).setting
-        from jspec.loop.batching import bucket
 
         rows = bucket(batch, minimum=1)
         if rows not in self._default:
-            from jspec.tune.workload import available_families
-
             families = available_families(head=self._head_for_default(), draft_model=self.draft_model)
             profile = self.profile if self.profile is not None and self.profile.batch == rows else None
             self._default[rows] = default_setting(profile or self._profile(rows, families), families)
@@ -119,7 +119,6 @@ class AutoDecoder:
     def _head_for_default(self):
         if self.head is not None:
             return self.head
-        from jspec.models.hub import shipped_head
 
         try:
             return shipped_head(self.model_name, "eagle3") if self.model_name else None
@@ -127,15 +126,6 @@ class AutoDecoder:
             return None
 
     def _profile(self, rows: int, families):
-        from jspec.tune.costs import (
-            load_profile,
-            measure_profile,
-            profile_drafters,
-            profile_path,
-            save_profile,
-            weights_dtype,
-        )
-
         name = self.model_name or "model"
         path = profile_path(name, rows, dtype=weights_dtype(self.target), mesh=self.mesh)
         wanted = {f"{f}:N={DEFAULT_NUM_DRAFT}" for f in families}
@@ -147,8 +137,6 @@ class AutoDecoder:
         print(f"auto: no cost profile of {name} at batch {rows} here; measuring one (once) ...", file=sys.stderr)
         draft = self.draft_model
         if isinstance(draft, str):
-            from jspec.models.hub import load_model
-
             draft = load_model(draft)[0]
         drafters = profile_drafters(self.target, name, num_drafts=(DEFAULT_NUM_DRAFT,), trees=(), head=self.head,
                                     draft_model=draft)  # fmt: skip

@@ -7,7 +7,14 @@ import json
 import sys
 import time
 
-from jspec.cli.common import add_mesh_options, mesh_from_args
+from jspec.analysis.prompts import load_prompts
+from jspec.cli.common import add_mesh_options, figure, mesh_from_args
+from jspec.heads.formats import load_eagle
+from jspec.methods import TUNED, needs_of, options_of, parse_tree
+from jspec.models.hub import load_model, shipped_head
+from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
+from jspec.tune.tuned import BANDS, TunedConfig, band_of, save_tuned, tuned_path
+from jspec.tune.workload import available_families, tune_cell
 
 __all__ = ["add_tune_commands"]
 
@@ -67,8 +74,6 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
 
 
 def _cmd_tune_profile(args) -> int:
-    from jspec.models.hub import load_model
-    from jspec.tune.costs import ensure_profile, profile_drafters
 
     num_drafts = _int_list(args.num_draft, "--num-draft")
     trees = _trees(args.trees)
@@ -95,12 +100,6 @@ def _cmd_tune_profile(args) -> int:
 
 def _cmd_tune(args) -> int:
     """Probe, predict, measure and recommend for each batch size and temperature asked."""
-    from jspec.analysis.prompts import load_prompts
-    from jspec.methods import TUNED, needs_of, options_of, parse_tree
-    from jspec.models.hub import load_model, shipped_head
-    from jspec.tune.costs import ensure_profile, profile_drafters, weights_dtype
-    from jspec.tune.tuned import BANDS, TunedConfig, band_of, save_tuned, tuned_path
-    from jspec.tune.workload import available_families, tune_cell
 
     if args.prompts is None:
         raise ValueError("jspec tune needs --prompts SET|PATH (the workload to tune for), or the profile command.")
@@ -141,8 +140,6 @@ def _cmd_tune(args) -> int:
         except ValueError:
             head = None
     if head is not None:
-        from jspec.heads.formats import load_eagle
-
         head = load_eagle(head, model)  # read once, for every probe and candidate
     draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     if wanted is not None and not any(needs_of(m) == "draft_model" for m in wanted):
@@ -191,7 +188,6 @@ def _cmd_tune(args) -> int:
 
 
 def _print_table(config) -> None:
-    from jspec.tune.tuned import BANDS
 
     cells = {}
     for row in config.candidates:
@@ -219,8 +215,6 @@ def _print_table(config) -> None:
 
 
 def _plot(rows, path, title) -> None:
-    from jspec.cli.common import figure
-
     measured = [r for r in rows if "measured_speedup" in r and r["name"] != "ar"]  # plain is 1 by definition
     fig = figure(figsize=(7, 6))
     ax = fig.subplots()

@@ -31,9 +31,13 @@ from flax import nnx
 from jspec.core.sampling import SamplingParams
 from jspec.drafters.base import Context, Feedback, check_drafter, merge_drafter, split_drafter
 from jspec.files import write_text
+from jspec.heads.eagle import DraftHead
+from jspec.heads.formats import load_eagle
 from jspec.loop.batching import bucket
 from jspec.loop.decode import jit_forward, prefill
-from jspec.loop.sharding import place_model, replicate
+from jspec.loop.sharding import check_mesh, padded_rows, place_model, replicate
+from jspec.methods import drafts, label_of, make_drafter, options_of, tuned_families
+from jspec.models.hub import cache_root, shipped_head
 
 __all__ = ["PROFILE_VERSION", "CostProfile", "drafter_cost", "ensure_profile", "forward_cost", "load_profile",
            "measure_profile", "prefill_cost", "profile_path", "save_profile", "weights_dtype"]  # fmt: skip
@@ -254,8 +258,6 @@ def profile_path(model: str, batch: int = 1, *, backend: str | None = None, devi
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}.")
     if root is None:
-        from jspec.models.hub import cache_root
-
         root = cache_root() / "profiles"
     backend = backend or jax.default_backend()
     device_kind = device_kind or jax.devices()[0].device_kind
@@ -295,7 +297,6 @@ def measure_profile(target, model_name: str, drafters: Mapping[str, object] | No
     given: each width is a program to compile) and each drafter's step, all interleaved round by
     round after a warm-up round, at the batch bucket of ``batch`` (rounded up to a multiple of the
     mesh's data axis), over ``mesh`` when given."""
-    from jspec.loop.sharding import check_mesh, padded_rows
 
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError(f"max_k, context and repeats must be >= 1; got {max_k}, {context}, {repeats}.")
@@ -357,10 +358,6 @@ def profile_drafters(target, model_name: str, *, num_drafts=(1, 2, 3, 4, 5, 6, 7
     """The drafters a profile measures, by name (:func:`jspec.methods.label_of`): every family the tuner
     tries (:func:`jspec.methods.tuned_families`: prompt lookup; the EAGLE head, ``head`` or the one shipped
     for ``model_name``, if any; the draft model, if given) at each N and each tree it drafts."""
-    from jspec.heads.eagle import DraftHead
-    from jspec.heads.formats import load_eagle
-    from jspec.methods import drafts, label_of, make_drafter, options_of, tuned_families
-    from jspec.models.hub import shipped_head
 
     if head is None:
         try:

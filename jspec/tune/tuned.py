@@ -15,11 +15,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import pathlib
+
+import jax
 
 from jspec.files import write_text
 from jspec.loop.adaptive import Adaptive, StepCosts
 from jspec.methods import TUNED, label_of, options_of, parse
+from jspec.models.hub import cache_root
+from jspec.tune.costs import _slug, mesh_name
 
 __all__ = ["BANDS", "TUNED_VERSION", "Recommendation", "Setting", "TunedConfig", "band_of", "load_tuned",
            "save_tuned", "tuned_path"]  # fmt: skip
@@ -181,7 +186,6 @@ class TunedConfig:
             raise ValueError(f"this tuned config for {self.model} has no samples for temperature {temperature} "
                              f"(band {BANDS[band]}; it measured {have}); tune again with a temperature in that band, "
                              f"e.g. jspec tune --model {self.model} --temperature {temperature} ...")  # fmt: skip
-        import math
 
         return min(options, key=lambda r: (abs(math.log2(r.batch) - math.log2(max(batch, 1))), r.batch))
 
@@ -228,13 +232,8 @@ def tuned_path(model: str, *, backend: str | None = None, device_kind: str | Non
                workload: str | None = None, root: pathlib.Path | None = None, mesh=None) -> pathlib.Path:  # fmt: skip
     """Where ``jspec tune`` keeps its last config for a model on this machine (and ``mesh``): one per
     workload (``workload``: the prompt set and category) and ``latest`` (whatever was tuned last)."""
-    import jax
-
-    from jspec.tune.costs import _slug, mesh_name
 
     if root is None:
-        from jspec.models.hub import cache_root
-
         root = cache_root() / "tuned"
     backend = backend or jax.default_backend()
     device_kind = device_kind or jax.devices()[0].device_kind

@@ -26,6 +26,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jspec.analysis.bench import run_interleaved, speedup_interval
+from jspec.core.sampling import SamplingParams
+from jspec.loop.adaptive import StepCosts
 from jspec.methods import drafts, tuned_families
 from jspec.tune.tuned import Recommendation, Setting, band_of
 
@@ -101,9 +104,6 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
       (the recommendation, one row per candidate: ``name``, ``predicted_speedup``, and where
       measured ``measured_speedup``, ``tau``, ``acceptance_by_position``, ``round`` ("probe" or "verify")).
     """
-    from jspec.analysis.bench import run_interleaved
-    from jspec.core.sampling import SamplingParams
-    from jspec.loop.adaptive import StepCosts
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     sampling = SamplingParams.create(temperature)
@@ -180,8 +180,6 @@ def _width_of(setting: Setting, first: dict) -> int:
 
 
 def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
-    from jspec.analysis.bench import speedup_interval
-
     row |= {
         "measured_speedup": entry["tokens_per_s"] / plain["tokens_per_s"],
         "speedup_interval": list(speedup_interval(entry, plain, LEVEL)),
