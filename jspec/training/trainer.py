@@ -276,7 +276,7 @@ class Trainer:
         """Loads the latest checkpoint if there is one; returns whether it did."""
         if self.manager is None or self.manager.latest_step() is None:
             return False
-        import orbax.checkpoint as ocp  # imported here, as in __init__
+        import orbax.checkpoint as ocp  # imported here: orbax adds start-up time; only checkpointed runs need it
 
         step = self.manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._saved())
@@ -299,7 +299,7 @@ class Trainer:
     def save(self, force: bool = False) -> None:
         """Checkpoints at the interval's steps (or now, with ``force``); a step is saved once."""
         if self.manager is not None and self.step not in self.manager.all_steps():
-            import orbax.checkpoint as ocp  # imported here, as in __init__
+            import orbax.checkpoint as ocp  # imported here: orbax adds start-up time; only checkpointed runs need it
 
             self.manager.save(self.step, args=ocp.args.StandardSave(self._saved()), force=force)
 
