@@ -4,6 +4,7 @@ bad inputs, and the auto decoder's exactness (tiny models; the real-model run is
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from jspec import AutoDecoder, Decoder, SamplingParams
@@ -152,6 +153,49 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
         speedup_interval(steady, plain)
     one = {"batch_tokens": [48], "batch_seconds": [0.5]}
     assert speedup_interval(one, one | {"batch_seconds": [1.0]}) == (0.0, float("inf"))  # one prompt: no confidence
+
+
+def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not(target, monkeypatch):
+    """The probe round is a paired measurement like the second round: when the best predicted
+    setting, measured after it, is not faster with confidence, a probe that was is recommended
+    rather than plain decoding (Qwen 1.5B on MT-bench at T = 0, docs/log 2026-12-05: the prompt
+    lookup probe 1.15x (1.05-1.27), the draft model's N = 2 ranked first and measured 1.06x
+    (0.98-1.12), plain decoding chosen). The timed runs are stood in for: rates per prompt, set
+    here; the decoders, prediction and choice are the tuner's own."""
+    import jspec.tune.workload as workload
+
+    prompts = [[5, 6, 7, 5, 6]] * 6
+    rates = {"ar": [10.0] * 6, "ngram:N=3": [13.0, 13.5, 14.0, 13.0, 13.5, 14.0],  # the probe: 1.35x, steady
+             "ngram:N=1": [9.0, 12.0, 10.0, 11.0, 9.5, 10.5]}  # fmt: skip  # the predicted best: 1.0x, swinging
+    rounds = []
+
+    def fake_run(decoders, prompt_ids, max_new_tokens, sampling, seed=0, batch=1, progress=False):
+        rounds.append(list(decoders))
+        out = {}
+        for name in decoders:
+            r = np.asarray(rates[name.removesuffix("+adaptive")])
+            tokens = np.full(len(prompt_ids), float(max_new_tokens))  # 1: the prefills, timed apart
+            out[name] = {"batch_tokens": tokens.tolist(), "batch_seconds": (tokens / r).tolist(),
+                         "tokens_per_s": tokens.sum() / (tokens / r).sum(), "seconds": (tokens / r).sum(),
+                         "new_tokens": tokens.sum(), "tau": 1.5, "compile_seconds": 0.0,
+                         "calls": len(prompt_ids), "target_calls": len(prompt_ids) * 12,
+                         "verify_steps": 40, "plain_steps": 0, "acceptance_by_position": [0.5, 0.3, 0.2]}  # fmt: skip
+        return out
+
+    monkeypatch.setattr(workload, "run_interleaved", fake_run)
+    # longer forwards cost more and more: N = 3 is predicted slowest, N = 1 fastest
+    lookup = {f"ngram:N={n}": {"propose_ms": 0.1, "commit_ms": 0.0} for n in (1, 2, 3)}
+    profile = CostProfile(model="tiny", backend="cpu", device_kind="cpu", dtype="float32", batch=1, context=32,
+                          forward_ms={1: 10.0, 2: 10.5, 3: 13.0, 4: 40.0}, drafters=lookup)  # fmt: skip
+    rec, rows = tune_cell(target, EOS, prompts, temperature=0.0, batch=1, profile=profile, max_new_tokens=12,
+                          families=["ngram"], num_drafts=(1, 2, 3), trees=(), verify_top=1,
+                          log=lambda _: None)  # fmt: skip
+    assert rounds[0] == ["ar", "ngram:N=3"] and rounds[2] == ["ar", "ngram:N=1", "ngram:N=1+adaptive"]
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["ngram:N=1"]["predicted_speedup"] > by_name["ngram:N=2"]["predicted_speedup"] > 1.0
+    assert by_name["ngram:N=3"]["round"] == "probe" and by_name["ngram:N=1"]["speedup_interval"][0] < 1.0
+    assert rec.setting == Setting("ngram", num_draft=3) and by_name["ngram:N=3"]["recommended"]
+    assert rec.speedup_interval[0] > 1.0
 
 
 @pytest.mark.slow  # 44 s; pick (by interval) and predict are tested alone here, the tuner in auto_cells.py

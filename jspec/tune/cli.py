@@ -31,7 +31,7 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--temperature", default="0,1",
                    help="temperatures to tune for, at most one per band (T = 0; 0 < T <= 0.7; T > 0.7)")  # fmt: skip
     p.add_argument("--batch", default="1", help="batch sizes to tune for, e.g. 1,8")
-    p.add_argument("--num-draft", default=None, help="chain lengths N to consider (default 1,...,7; --quick 2,4,6)")
+    p.add_argument("--num-draft", default=None, help="chain lengths N to consider (default 1,...,7; --quick 2,4,7)")
     trees_help = "trees to consider, separated by ';' (dynamic, 2,2,2, ...; default dynamic; --quick none)"
     p.add_argument("--trees", default=None, help=trees_help)
     p.add_argument(
@@ -45,7 +45,7 @@ def add_tune_commands(sub, positive_int, add_json) -> None:
     p.add_argument("--verify-top", type=positive_int, default=None,
                    help="measure this many best predicted settings (default 2; --quick 1)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
-                   help="a first tuning in a few minutes: fewer compiled loops (chains at N = 2, 4, 6, no tree, the "
+                   help="a first tuning in a few minutes: fewer compiled loops (chains at N = 2, 4, 7, no tree, the "
                         "best predicted one measured with and without the fallback) on more, shorter prompts "
                         "(8 of 32 tokens); any of those options given explicitly wins")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -103,7 +103,7 @@ def _cmd_tune(args) -> int:
 
     if args.prompts is None:
         raise ValueError("jspec tune needs --prompts SET|PATH (the workload to tune for), or the profile command.")
-    quick = {"limit": 8, "max_new_tokens": 32, "num_draft": "2,4,6", "trees": "", "verify_top": 1}
+    quick = {"limit": 8, "max_new_tokens": 32, "num_draft": "2,4,7", "trees": "", "verify_top": 1}
     full = {"limit": 4, "max_new_tokens": 96, "num_draft": "1,2,3,4,5,6,7", "trees": "dynamic", "verify_top": 2}
     for name, value in (quick if args.quick else full).items():
         if getattr(args, name) is None:
