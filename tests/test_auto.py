@@ -11,6 +11,7 @@ from jspec import AutoDecoder, Decoder, SamplingParams
 from jspec.cli.main import main
 from jspec.drafters import PromptLookup
 from jspec.models.tiny import tiny_model
+from jspec.tune import workload
 from jspec.tune.costs import CostProfile, measure_profile
 from jspec.tune.tuned import Recommendation, Setting, TunedConfig, band_of, load_tuned, save_tuned
 from jspec.tune.workload import PLAIN, pick, predict, tokens_per_verify, tune_cell
@@ -162,8 +163,6 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
     lookup probe 1.15x (1.05-1.27), the draft model's N = 2 ranked first and measured 1.06x
     (0.98-1.12), plain decoding chosen). The timed runs are stood in for: rates per prompt, set
     here; the decoders, prediction and choice are the tuner's own."""
-    import jspec.tune.workload as workload
-
     prompts = [[5, 6, 7, 5, 6]] * 6
     rates = {"ar": [10.0] * 6, "ngram:N=3": [13.0, 13.5, 14.0, 13.0, 13.5, 14.0],  # the probe: 1.35x, steady
              "ngram:N=1": [9.0, 12.0, 10.0, 11.0, 9.5, 10.5]}  # fmt: skip  # the predicted best: 1.0x, swinging
@@ -178,7 +177,7 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
             out[name] = {"batch_tokens": tokens.tolist(), "batch_seconds": (tokens / r).tolist(),
                          "tokens_per_s": tokens.sum() / (tokens / r).sum(), "seconds": (tokens / r).sum(),
                          "new_tokens": tokens.sum(), "tau": 1.5, "compile_seconds": 0.0,
-                         "calls": len(prompt_ids), "target_calls": len(prompt_ids) * 12,
+                         "calls": len(prompt_ids), "target_calls": len(prompt_ids) * max_new_tokens,
                          "verify_steps": 40, "plain_steps": 0, "acceptance_by_position": [0.5, 0.3, 0.2]}  # fmt: skip
         return out
 
