@@ -5,11 +5,12 @@
         [--temperatures 0,1] [--tune-skip 8] [--tune-limit 4] [--tune-quick] [--limit 3] [--max-new-tokens 96]
         [--batch 1] [--num-draft 1,2,3,4,5,6,7] [--fixed ngram:N=3,ngram:N=7,...] [--out experiments/out] [--tiny]
 
-For each workload: ``jspec tune`` on a slice of its prompts (``--tune-skip`` on, ``--tune-limit``
-prompts), then, on the first ``--limit`` prompts (never tuned on), every decoder runs every prompt,
-taking turns prompt by prompt (:func:`jspec.analysis.bench.run_interleaved`): plain decoding, fixed settings
-(prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and dynamic tree, the draft
-model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the tuned config.
+First, for each workload, ``jspec tune`` in a process of its own on a slice of its prompts (``--tune-skip``
+on, ``--tune-limit`` prompts); then, for each workload, on the first ``--limit`` prompts (never tuned on),
+every decoder runs every prompt, taking turns prompt by prompt (:func:`jspec.analysis.bench.run_interleaved`):
+plain decoding, fixed settings (prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and
+dynamic tree, the draft model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the
+tuned config.
 Reports per cell (workload x temperature): auto over plain with its 95% interval (a paired
 t interval over the prompts, :func:`jspec.analysis.bench.speedup_interval`), auto over the best fixed
 setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
@@ -24,19 +25,16 @@ that file holds and the workloads' tuned configs, and measures only what is miss
 from __future__ import annotations
 
 import gc
-import io
 import json
 import pathlib
+import subprocess
 import sys
 import time
-from contextlib import redirect_stdout
 
 from jspec.analysis.harness import arguments, plot, save
 
 
 def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.Path) -> dict:
-    from jspec.cli.main import main as cli
-
     argv = ["tune", "--model", args.model, "--prompts", prompts, "--skip", str(args.tune_skip),
             "--temperature", args.temperatures, "--batch", str(args.batch), "--out", str(out), "--json"]  # fmt: skip
     if args.tune_quick:
@@ -48,12 +46,11 @@ def _tune(args, workload: str, prompts: str, category: str | None, out: pathlib.
     argv += ["--num-draft", "1,2,3", "--methods", "ngram"] if args.tiny else []
     argv += ["--num-draft", args.num_draft] if args.num_draft and not args.tiny else []
     argv += ["--limit", "2", "--max-new-tokens", "12"] if args.tiny and args.tune_quick else []
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        rc = cli(argv)
-    if rc != 0:
-        raise SystemExit(f"jspec tune failed for {workload}: {buf.getvalue()}")
-    return json.loads(buf.getvalue())
+    # A process of its own, whose memory leaves with it (main: every tune runs before the models load).
+    done = subprocess.run([sys.executable, "-m", "jspec.cli.main", *argv], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"jspec tune failed for {workload} (exit {done.returncode}): {done.stdout}")
+    return json.loads(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -92,9 +89,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     enable_compilation_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(args.model)
-    eos = tokenizer.eos_token_ids
-    draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     try:
         head = None if args.tiny else shipped_head(args.model, "eagle3")
     except ValueError:
@@ -102,10 +96,38 @@ def main(argv: list[str] | None = None) -> dict:
     fixed = [Setting("ngram", num_draft=3)] + ([] if args.tiny else [Setting("ngram", num_draft=7)])
     if head is not None:
         fixed += [Setting("eagle3", num_draft=5), Setting("eagle3", tree="dynamic")]
-    if draft_model is not None:
+    if args.draft_model:
         fixed += [Setting("draft", num_draft=4), Setting("draft", num_draft=7)]
     if args.fixed:
         fixed = [_setting_of(name.strip()) for name in args.fixed.split(",") if name.strip()]
+    specs = ["ar", *(s.name for s in fixed), "auto"]
+    run_args = {k: str(v) for k, v in vars(args).items() if k != "out"}
+    saved = args.out / "auto_cells.json"
+    previous = json.loads(saved.read_text()) if saved.exists() else {}
+    same = previous.get("args") == run_args  # a killed run of the same grid: keep its cells and tunes
+    cells, tuned_runs = (previous["cells"], previous.get("tune", {})) if same else ([], {})
+    done = {(c["workload"], c["temperature"]) for c in cells}
+    temperatures = [float(x) for x in args.temperatures.split(",")]
+    todo = [w for w in args.workloads.split(",") if not all((w, t) in done for t in temperatures)]
+    # Every tune first, each in a process of its own, before this process loads the models: the tuner
+    # loads them too, and with both copies in one process (21.5 GB resident for the Qwen pair in float32)
+    # a grid was killed for memory at 24 GB in its second workload's tune (docs/log, 2026-12-05).
+    for workload in todo:
+        if workload not in tuned_runs:  # else tuned before the run was killed
+            prompts, _, category = workload.partition(":")
+            t0 = time.perf_counter()
+            tuned = _tune(
+                args, workload, prompts, category or None, args.out / f"tuned_{workload.replace(':', '_')}.json"
+            )
+            config = TunedConfig.from_json(tuned["config"])
+            tuned_runs[workload] = {"seconds": time.perf_counter() - t0, "config": tuned["config"],
+                                    "candidates": config.candidates,
+                                    "recommendations": [r.to_json() for r in config.recommendations]}  # fmt: skip
+            save(saved, {"args": run_args, "cells": cells, "tune": tuned_runs, "partial": True}, args=args,
+                 specs=specs, started=started)  # fmt: skip
+    model, tokenizer = load_model(args.model)
+    eos = tokenizer.eos_token_ids
+    draft_model = load_model(args.draft_model)[0] if args.draft_model else None
     decoders: dict = {}
 
     def decoder(setting: Setting):
@@ -114,16 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                 draft_model=draft_model)  # fmt: skip
         return decoders[setting]
 
-    run_args = {k: str(v) for k, v in vars(args).items() if k != "out"}
-    saved = args.out / "auto_cells.json"
-    previous = json.loads(saved.read_text()) if saved.exists() else {}
-    same = previous.get("args") == run_args  # a killed run of the same grid: keep its cells
-    cells, tuned_runs = (previous["cells"], previous.get("tune", {})) if same else ([], {})
-    done = {(c["workload"], c["temperature"]) for c in cells}
-    temperatures = [float(x) for x in args.temperatures.split(",")]
-    for workload in args.workloads.split(","):
-        if all((workload, t) in done for t in temperatures):
-            continue
+    for workload in todo:
         # XLA on CPU maps each compiled program into memory regions of its own (65,530 per process):
         # drop every workload's programs before the next (a full run died there once, docs/log).
         decoders.clear()
@@ -131,16 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
         gc.collect()
         jax.clear_caches()
         prompts, _, category = workload.partition(":")
-        slug = workload.replace(":", "_")
-        if workload in tuned_runs:  # tuned before the run was killed
-            config = TunedConfig.from_json(tuned_runs[workload]["config"])
-        else:
-            t0 = time.perf_counter()
-            tuned = _tune(args, workload, prompts, category or None, args.out / f"tuned_{slug}.json")
-            config = TunedConfig.from_json(tuned["config"])
-            tuned_runs[workload] = {"seconds": time.perf_counter() - t0, "config": tuned["config"],
-                                    "candidates": config.candidates,
-                                    "recommendations": [r.to_json() for r in config.recommendations]}  # fmt: skip
+        config = TunedConfig.from_json(tuned_runs[workload]["config"])
         auto = make_decoder("auto", model, eos_ids=eos, config=config, model_name=args.model, head=head,
                             draft_model=draft_model)  # fmt: skip
         chosen = load_prompts(prompts, category or None, args.limit)
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
             }  # fmt: skip
             cells.append(cell)
             save(saved, {"args": run_args, "cells": cells, "tune": tuned_runs, "partial": True}, args=args,
-                 specs=["ar", *(s.name for s in fixed), "auto"], started=started)  # fmt: skip
+                 specs=specs, started=started)  # fmt: skip
             lo, hi = intervals["auto"]
             print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain ({lo:.3f}-{hi:.3f}; ran {cell['auto_ran']}), "
                   f"best fixed {best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"args": run_args, "model": args.model, "draft_model": args.draft_model,
               "max_new_tokens": args.max_new_tokens, "limit": args.limit, "tune_quick": args.tune_quick,
               "tune": tuned_runs, "cells": cells, "goals": goals}  # fmt: skip
-    report = save(saved, report, args=args, specs=["ar", *(s.name for s in fixed), "auto"], started=started)
+    report = save(saved, report, args=args, specs=specs, started=started)
     _plot(cells, args.out / "auto_cells.png", args.model)
     return report
 
