@@ -3,20 +3,28 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: setup demo test test-slow notebooks docs lint format clean
+.PHONY: setup setup-run demo test test-slow notebooks docs lint format clean
 
+# setup-run: jspec and what it needs to run (what `make demo` needs); setup adds the test, lint and
+# reference extras (torch, transformers, datasets), which the demo never imports.
+setup-run: $(RUN_STAMP)
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	# torch 2.13.0 is the CPU build this machine keeps on disk; a plain `torch` would pull a CUDA build.
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
 	$(BIN)/python -m pip install --quiet -e '.[test,dev,reference,datasets]'
 	touch $(STAMP)
 
-demo: setup
+demo: setup-run
 	$(BIN)/jspec check
 	$(BIN)/jspec fetch smollm2-135m
 	$(BIN)/jspec generate --model smollm2-135m --chat --stream --max-new-tokens 64 \
