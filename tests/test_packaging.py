@@ -59,3 +59,42 @@ def test_every_import_inside_a_function_says_why_with_negative_control():
     assert unexplained_local_imports(bare) == [2]  # negative control: an import with no reason is found
     told = "def f():\n    # imported here: an optional extra\n    import a\n    import b\n\n    return a, b\n"
     assert unexplained_local_imports(told) == []
+
+
+# The modules of pyproject's extras (test, dev, reference, datasets): `make demo` installs jspec without
+# them (`make setup-run`), so jspec and models/ may import one only where a user asks for what needs it.
+EXTRAS_MODULES = {"pytest", "xdist", "hypothesis", "nbclient", "nbformat", "ipykernel", "ruff", "torch",
+                  "transformers", "accelerate", "datasets"}  # fmt: skip
+ALLOWED_EXTRAS = {
+    ("jspec/training/conversations.py", "datasets"),  # a Hugging Face dataset folder as conversations
+    ("models/torch_state.py", "torch"),  # .bin/.pt checkpoints
+}
+
+
+def imports_of_extras(source: str) -> set[str]:
+    """The extras' modules a source imports anywhere (at its top or inside a function)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found & EXTRAS_MODULES
+
+
+def test_the_library_imports_the_extras_only_where_a_user_asks_for_them():
+    found = set()
+    for folder in ("jspec", "models"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            found |= {(str(path.relative_to(ROOT)), m) for m in imports_of_extras(path.read_text())}
+    assert found == ALLOWED_EXTRAS
+    # Negative control: an import of transformers, at the top or in a function, is found.
+    assert imports_of_extras("import numpy\nfrom transformers.models import llama\n") == {"transformers"}
+    assert imports_of_extras("def f():\n    import torch.nn as nn  # an extra\n") == {"torch"}
+
+
+def test_make_demo_installs_jspec_without_the_extras():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ndemo: setup-run\n" in makefile
+    run_recipe = makefile.split("$(RUN_STAMP): pyproject.toml\n")[1].split("\n\n")[0]
+    assert "pip install --quiet -e .\n" in run_recipe + "\n" and "[" not in run_recipe
