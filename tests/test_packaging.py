@@ -97,4 +97,4 @@ def test_make_demo_installs_jspec_without_the_extras():
     makefile = (ROOT / "Makefile").read_text()
     assert "\ndemo: setup-run\n" in makefile
     run_recipe = makefile.split("$(RUN_STAMP): pyproject.toml\n")[1].split("\n\n")[0]
-    assert "pip install --quiet -e .\n" in run_recipe + "\n" and "[" not in run_recipe
+    assert "pip install --quiet -e .\n" in run_recipe and "[" not in run_recipe  # no extras
