@@ -2,8 +2,12 @@
 reads as the architecture."""
 
 import ast
+import importlib.metadata
 import pathlib
+import re
 import tomllib
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,17 +65,35 @@ def test_every_import_inside_a_function_says_why_with_negative_control():
     assert unexplained_local_imports(told) == []
 
 
-# The modules of pyproject's extras (test, dev, reference, datasets): `make demo` installs jspec without
-# them (`make setup-run`), so jspec and models/ may import one only where a user asks for what needs it.
-EXTRAS_MODULES = {"pytest", "xdist", "hypothesis", "nbclient", "nbformat", "ipykernel", "ruff", "torch",
-                  "transformers", "accelerate", "datasets"}  # fmt: skip
+# `make demo` installs jspec without pyproject's extras (`make setup-run`), so jspec and models/ may
+# import an extra's module only where a user asks for what needs it.
 ALLOWED_EXTRAS = {
     ("jspec/training/conversations.py", "datasets"),  # a Hugging Face dataset folder as conversations
     ("models/torch_state.py", "torch"),  # .bin/.pt checkpoints
 }
 
 
-def imports_of_extras(source: str) -> set[str]:
+def extras_modules(root: pathlib.Path = ROOT) -> set[str]:
+    """The top-level modules of every distribution named in pyproject's extras, from the installed
+    metadata (``pytest-xdist`` provides ``xdist``), so an extra added to pyproject is checked too."""
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = {_distribution_name(req) for reqs in extras.values() for req in reqs}
+    provided = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            provided.setdefault(_distribution_name(dist), set()).add(module)
+    missing = sorted(wanted - provided.keys())
+    assert not missing, f"extras not installed: {missing}; run `make setup`"
+    return set().union(*(provided[name] for name in wanted))
+
+
+def _distribution_name(requirement: str) -> str:
+    """``pytest-xdist>=3.6`` -> ``pytest-xdist``: the name, normalized as PEP 503 does."""
+    name = re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def imports_of_extras(source: str, extras: set[str]) -> set[str]:
     """The extras' modules a source imports anywhere (at its top or inside a function)."""
     found = set()
     for node in ast.walk(ast.parse(source)):
@@ -79,18 +101,29 @@ def imports_of_extras(source: str) -> set[str]:
             found |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
-    return found & EXTRAS_MODULES
+    return found & extras
+
+
+def test_an_extra_added_to_pyproject_is_mapped_to_its_modules(tmp_path):
+    extras = '[project.optional-dependencies]\nx = ["pytest-xdist>=3.6", "Hypothesis"]\n'
+    (tmp_path / "pyproject.toml").write_text(extras)
+    assert {"xdist", "hypothesis"} <= extras_modules(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project.optional-dependencies]\nx = ["no-such-dist>=1"]\n')
+    with pytest.raises(AssertionError, match="no-such-dist"):
+        extras_modules(tmp_path)
 
 
 def test_the_library_imports_the_extras_only_where_a_user_asks_for_them():
+    extras = extras_modules()
+    assert {"pytest", "xdist", "torch", "transformers", "datasets", "ruff"} <= extras
     found = set()
     for folder in ("jspec", "models"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            found |= {(str(path.relative_to(ROOT)), m) for m in imports_of_extras(path.read_text())}
+            found |= {(str(path.relative_to(ROOT)), m) for m in imports_of_extras(path.read_text(), extras)}
     assert found == ALLOWED_EXTRAS
     # Negative control: an import of transformers, at the top or in a function, is found.
-    assert imports_of_extras("import numpy\nfrom transformers.models import llama\n") == {"transformers"}
-    assert imports_of_extras("def f():\n    import torch.nn as nn  # an extra\n") == {"torch"}
+    assert imports_of_extras("import numpy\nfrom transformers.models import llama\n", extras) == {"transformers"}
+    assert imports_of_extras("def f():\n    import torch.nn as nn  # an extra\n", extras) == {"torch"}
 
 
 def test_make_demo_installs_jspec_without_the_extras():
