@@ -43,3 +43,50 @@ def test_one_shape_runs_every_prompt_in_one_program_with_the_lone_request_tokens
     assert len(each["plain"]._compiled) == 3
     with pytest.raises(ValueError, match="pad_to must be a positive token count"):
         one["plain"].generate([prompts[0]], 6, pad_to=0)
+
+
+class _Counting:
+    """A decoder that answers at once (no model): the prompt back, with a chosen number of seconds."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at = [], fail_at
+
+    def generate(self, rows, max_new_tokens, sampling=None, seed=0, pad_to=None):
+        from jspec.loop.results import GenerationResult
+
+        if seed == self.fail_at:
+            raise KeyboardInterrupt  # the run killed at this batch
+        self.calls.append(seed)
+        return GenerationResult(tokens=[list(r)[:max_new_tokens] for r in rows], seconds=1.0 + seed,
+                                compile_seconds=0.0, target_calls=max_new_tokens)  # fmt: skip
+
+
+def test_a_killed_run_resumes_from_its_journal_and_refuses_another_runs(tmp_path):
+    from jspec.analysis.bench import run_interleaved
+
+    prompts, journal = [[3, 4], [5, 6], [7, 8]], tmp_path / "j.jsonl"
+    whole = run_interleaved({"a": _Counting(), "b": _Counting()}, prompts, 2, None)
+    with pytest.raises(KeyboardInterrupt):  # killed during the third prompt (seed 2)
+        run_interleaved({"a": _Counting(), "b": _Counting(fail_at=2)}, prompts, 2, None, journal=journal)
+    with journal.open("a") as f:
+        f.write('{"batch": 2, "resu')  # and a line torn as the process died
+    again = {"a": _Counting(), "b": _Counting()}
+    resumed = run_interleaved(again, prompts, 2, None, journal=journal)
+    assert [d.calls for d in again.values()] == [[0, 2], [0, 2]]  # warm-up (seed 0), then only the third prompt
+    assert {n: e.pop("resumed_batches") for n, e in resumed.items()} == {"a": 2, "b": 2}
+    whole = {n: {k: v for k, v in e.items() if k != "resumed_batches"} for n, e in whole.items()}
+    assert resumed == whole  # the batches kept, read back, sum as a run that was never killed
+    assert len(journal.read_text().splitlines()) == 1 + 3  # the key, then a line per batch; the torn one cut
+    # Negative controls: another run's journal, or a damaged line before the last, is refused untouched.
+    for other in ({"a": _Counting()}, {"a": _Counting(), "b": _Counting()}):
+        with pytest.raises(ValueError, match="journal of another run"):
+            run_interleaved(other, prompts[:2] if len(other) == 2 else prompts, 2, None, journal=journal)
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join([lines[0], lines[1][:-5], *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        run_interleaved({"a": _Counting(), "b": _Counting()}, prompts, 2, None, journal=journal)
+    results = tmp_path / "results.json"
+    results.write_text('{"not": "a journal"}')  # no newline: neither torn nor a journal
+    with pytest.raises(ValueError, match="not a journal"):
+        run_interleaved({"a": _Counting()}, prompts, 2, None, journal=results)
+    assert results.read_text() == '{"not": "a journal"}'

@@ -19,7 +19,8 @@ than plain (every interval's upper end >= 1) and auto within 5% of the best fixe
 in at least 80% of the cells. ``--tune-quick`` tunes with ``jspec tune --quick`` (its own prompt
 count and length); ``--fixed`` names the fixed settings instead. Writes ``auto_cells.json`` (after
 every cell) and ``auto_cells.png`` to --out; run again with the same arguments, it keeps the cells
-that file holds and the workloads' tuned configs, and measures only what is missing.
+that file holds and the workloads' tuned configs, and measures only what is missing; a cell cut short
+resumes at its next prompt (``journal_*.jsonl``, removed once the cell is saved).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
     previous = json.loads(saved.read_text()) if saved.exists() else {}
     same = previous.get("args") == run_args  # a killed run of the same grid: keep its cells and tunes
     cells, tuned_runs = (previous["cells"], previous.get("tune", {})) if same else ([], {})
+    if not same:  # another grid's half-run cells (their journals) must not be resumed into this one
+        for stale in args.out.glob("journal_*.jsonl"):
+            stale.unlink()
     done = {(c["workload"], c["temperature"]) for c in cells}
     temperatures = [float(x) for x in args.temperatures.split(",")]
     todo = [w for w in args.workloads.split(",") if not all((w, t) in done for t in temperatures)]
@@ -159,7 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
             if predicted_best not in settings:
                 settings[predicted_best] = _setting_of(predicted_best)
             runs_for = {"ar": decoder(Setting("ar"))} | {n: decoder(s) for n, s in settings.items()} | {"auto": auto}
-            runs = run_interleaved(runs_for, ids, args.max_new_tokens, SamplingParams.create(t), batch=args.batch)
+            # Every prompt's runs are kept as they finish: a killed cell resumes at its next prompt.
+            journal = args.out / f"journal_{workload.replace(':', '_')}_T{t}.jsonl"
+            runs = run_interleaved(runs_for, ids, args.max_new_tokens, SamplingParams.create(t), batch=args.batch,
+                                   journal=journal)  # fmt: skip
             base = runs["ar"]["tokens_per_s"]
             speed = {name: e["tokens_per_s"] / base for name, e in runs.items()}
             fixed_names = [n for n in runs if n not in ("ar", "auto")]
@@ -179,10 +186,12 @@ def main(argv: list[str] | None = None) -> dict:
                 "predicted_best": predicted_best, "predicted_best_in_two_fastest": predicted_best in two_fastest,
                 "tune_prediction_errors": pred_errors, "compile_seconds": {n: e["compile_seconds"] for n, e in
                                                                             runs.items()},
+                "resumed_batches": runs["ar"]["resumed_batches"],
             }  # fmt: skip
             cells.append(cell)
             save(saved, {"args": run_args, "cells": cells, "tune": tuned_runs, "partial": True}, args=args,
                  specs=specs, started=started)  # fmt: skip
+            journal.unlink()  # the cell is saved
             lo, hi = intervals["auto"]
             print(f"{workload} T={t}: auto {speed['auto']:.3f}x plain ({lo:.3f}-{hi:.3f}; ran {cell['auto_ran']}), "
                   f"best fixed {best_fixed} {speed[best_fixed]:.3f}x; predicted best {predicted_best} "

@@ -8,6 +8,11 @@ costs measured alone.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -78,6 +83,7 @@ def run_interleaved(
     rotate: bool = True,
     progress: bool = False,
     one_shape: bool = True,
+    journal: str | os.PathLike | None = None,
 ) -> dict[str, dict]:
     """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
@@ -96,36 +102,94 @@ def run_interleaved(
       one_shape: every batch runs in the loop sized for the longest prompt (one compiled program per
         decoder: the tuner's 8 MT-bench prompts needed 4 per decoder, prompt and cache sizes
         differing); False: each batch in its own bucket, as a lone request would run.
+      journal: a file that keeps every finished batch (all decoders' results, one JSON line each). A
+        run killed midway and started again with the same arguments and journal runs only the batches
+        it lacks (a Qwen 1.5B cell of 24 long prompts takes hours on a CPU); one written for other
+        decoder names, prompts, sampling or seed is refused, never mixed in. Decoders are known by
+        name only: a decoder configured anew under the same name needs a journal of its own.
 
     Returns:
       name -> :meth:`jspec.loop.results.GenerationResult.stats` of its runs summed: ``new_tokens``,
       ``seconds`` (the loops alone), ``compile_seconds``, ``target_calls``, ``tokens_per_s``,
       ``tau`` (1.0 for plain decoding) and, for speculative decoders, ``verify_steps``,
       ``plain_steps`` and ``acceptance_by_position``; ``calls``, the number of batches run;
-      ``batch_tokens`` and ``batch_seconds``, per batch (what :func:`speedup_interval` pairs).
+      ``batch_tokens`` and ``batch_seconds``, per batch (what :func:`speedup_interval` pairs);
+      ``resumed_batches``, how many came from the journal.
     """
+    names = list(decoders)
+    todo = batches(prompt_ids, batch)
+    key = {"decoders": names, "prompts": hashlib.sha256(json.dumps(todo).encode()).hexdigest(),
+           "max_new_tokens": max_new_tokens, "sampling": repr(sampling), "seed": seed, "rotate": rotate,
+           "one_shape": one_shape}  # fmt: skip
+    kept = _open_journal(pathlib.Path(journal), key) if journal is not None else {}
+    missing = len(kept) < len(todo)  # nothing to compile where the journal holds every batch
     compile_s = {
-        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch, one_shape)
+        name: warm_up(decoder, prompt_ids, max_new_tokens, sampling, seed, batch, one_shape) if missing else 0.0
         for name, decoder in decoders.items()
     }
     pad_to = max(len(p) for p in prompt_ids) if one_shape else None
-    runs = {name: [] for name in decoders}
-    names = list(decoders)
-    todo = batches(prompt_ids, batch)
+    found = {}
+    rounds = enumerate(todo)
     if progress:
-        todo = bar(todo, "benchmarking", total=len(todo))
-    for i, rows in enumerate(todo):
+        rounds = bar(rounds, "benchmarking", total=len(todo))
+    for i, rows in rounds:
+        if i in kept:
+            found[i] = kept[i]
+            continue
         k = i % len(names) if rotate else 0
-        for name in names[k:] + names[:k]:  # each batch starts with the next decoder
-            runs[name].append(decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i, pad_to=pad_to))
+        found[i] = {name: decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i, pad_to=pad_to)
+                    for name in names[k:] + names[:k]}  # fmt: skip  # each batch starts with the next decoder
+        if journal is not None:
+            line = {"batch": i, "results": {name: dataclasses.asdict(r) for name, r in found[i].items()}}
+            _write(pathlib.Path(journal), "a", json.dumps(line) + "\n")
+    runs = {name: [found[i][name] for i in range(len(todo))] for name in names}
     totals = {name: GenerationResult.total(results) for name, results in runs.items()}
     for name, total in totals.items():
         total.compile_seconds += compile_s[name]
     return {
         name: total.stats() | {"calls": len(runs[name]), "batch_tokens": [r.new_tokens for r in runs[name]],
-                               "batch_seconds": [r.seconds for r in runs[name]]}
+                               "batch_seconds": [r.seconds for r in runs[name]], "resumed_batches": len(kept)}
         for name, total in totals.items()
     }  # fmt: skip
+
+
+def _open_journal(path: pathlib.Path, key: dict) -> dict[int, dict[str, GenerationResult]]:
+    """The batches a journal holds, by index, ready for more: a new one gets its key line; a torn last
+    line (the run was killed while writing it) is cut off. Any other damage, or another run's key, is
+    refused and the file left as it is."""
+    text = path.read_text() if path.exists() else ""
+    complete, _, torn = text.rpartition("\n")
+    lines = complete.split("\n") if complete else []
+    start = '{"batch": ' if lines else '{"key": '
+    if torn and not (torn.startswith(start) or start.startswith(torn)):
+        raise ValueError(f"{path} does not end as a journal does; it is damaged or not a journal. Delete it, or pass "
+                         "another path.")  # fmt: skip
+    entries = []
+    for n, line in enumerate(lines):
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}: line {n + 1} is not JSON; the journal is damaged. Delete it to start the run "
+                             "again from its first batch.") from None  # fmt: skip
+    if entries and entries[0] != {"key": key}:
+        raise ValueError(f"{path} is the journal of another run (other decoders, prompts, sampling or seed): delete "
+                         "it, or pass a journal of its own to this run.")  # fmt: skip
+    try:
+        kept = {e["batch"]: {name: GenerationResult(**r) for name, r in e["results"].items()} for e in entries[1:]}
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: an entry lacks {error}; the journal is damaged. Delete it to start again.") from None
+    if torn or not entries:  # cut what a killed write left, or start the journal
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, "w", complete + "\n" if entries else json.dumps({"key": key}) + "\n")
+    return kept
+
+
+def _write(path: pathlib.Path, mode: str, text: str) -> None:
+    """Writes and flushes to disk, so a batch recorded survives the process being killed."""
+    with path.open(mode) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tuple[float, float]:
