@@ -177,7 +177,9 @@ def _open_journal(path: pathlib.Path, key: dict) -> dict[int, dict[str, Generati
     try:
         kept = {e["batch"]: {name: GenerationResult(**r) for name, r in e["results"].items()} for e in entries[1:]}
     except (KeyError, TypeError) as error:
-        raise ValueError(f"{path}: an entry lacks {error}; the journal is damaged. Delete it to start again.") from None
+        raise ValueError(
+            f"{path}: an entry is malformed ({error}); the journal is damaged. Delete it to start again."
+        ) from None
     if torn or not entries:  # cut what a killed write left, or start the journal
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, "w", complete + "\n" if entries else json.dumps({"key": key}) + "\n")
