@@ -3,6 +3,8 @@ bad inputs, and the auto decoder's exactness (tiny models; the real-model run is
 
 import dataclasses
 import json
+import pathlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from jspec import AutoDecoder, Decoder, SamplingParams
 from jspec.cli.main import main
 from jspec.drafters import PromptLookup
+from jspec.loop.results import GenerationResult
 from jspec.models.tiny import tiny_model
 from jspec.tune import workload
 from jspec.tune.costs import CostProfile, measure_profile
@@ -168,7 +171,7 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
              "ngram:N=1": [9.0, 12.0, 10.0, 11.0, 9.5, 10.5]}  # fmt: skip  # the predicted best: 1.0x, swinging
     rounds = []
 
-    def fake_run(decoders, prompt_ids, max_new_tokens, sampling, seed=0, batch=1, progress=False):
+    def fake_run(decoders, prompt_ids, max_new_tokens, sampling, seed=0, batch=1, progress=False, journal=None):
         rounds.append(list(decoders))
         out = {}
         for name in decoders:
@@ -178,14 +181,12 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
                          "tokens_per_s": tokens.sum() / (tokens / r).sum(), "seconds": (tokens / r).sum(),
                          "new_tokens": tokens.sum(), "tau": 1.5, "compile_seconds": 0.0,
                          "calls": len(prompt_ids), "target_calls": len(prompt_ids) * max_new_tokens,
-                         "verify_steps": 40, "plain_steps": 0, "acceptance_by_position": [0.5, 0.3, 0.2]}  # fmt: skip
+                         "verify_steps": 40, "plain_steps": 0, "acceptance_by_position": [0.5, 0.3, 0.2],
+                         "resumed_batches": 0}  # fmt: skip
         return out
 
     monkeypatch.setattr(workload, "run_interleaved", fake_run)
-    # longer forwards cost more and more: N = 3 is predicted slowest, N = 1 fastest
-    lookup = {f"ngram:N={n}": {"propose_ms": 0.1, "commit_ms": 0.0} for n in (1, 2, 3)}
-    profile = CostProfile(model="tiny", backend="cpu", device_kind="cpu", dtype="float32", batch=1, context=32,
-                          forward_ms={1: 10.0, 2: 10.5, 3: 13.0, 4: 40.0}, drafters=lookup)  # fmt: skip
+    profile = _steep_profile()
     rec, rows = tune_cell(target, EOS, prompts, temperature=0.0, batch=1, profile=profile, max_new_tokens=12,
                           families=["ngram"], num_drafts=(1, 2, 3), trees=(), verify_top=1,
                           log=lambda _: None)  # fmt: skip
@@ -195,6 +196,79 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
     assert by_name["ngram:N=3"]["round"] == "probe" and by_name["ngram:N=1"]["speedup_interval"][0] < 1.0
     assert rec.setting == Setting("ngram", num_draft=3) and by_name["ngram:N=3"]["recommended"]
     assert rec.speedup_interval[0] > 1.0
+
+
+def _steep_profile(forward_ms=None):
+    """Longer forwards cost more and more: N = 3 is predicted slowest, N = 1 fastest."""
+    lookup = {f"ngram:N={n}": {"propose_ms": 0.1, "commit_ms": 0.0} for n in (1, 2, 3)}
+    return CostProfile(model="tiny", backend="cpu", device_kind="cpu", dtype="float32", batch=1, context=32,
+                       forward_ms=forward_ms or {1: 10.0, 2: 10.5, 3: 13.0, 4: 40.0}, drafters=lookup)  # fmt: skip
+
+
+class _Timed:
+    """A decoder that answers at once (no model), its seconds and counts following from its setting and
+    the seed alone, so that two runs measure alike; it dies (as a killed process) at seed ``kill_at``."""
+
+    def __init__(self, setting, kill_at=None):
+        self.setting, self.kill_at, self.seeds = setting, kill_at, []
+        self.drafter = SimpleNamespace(num_nodes=None, num_draft=setting.num_draft or 0, num_lookahead=0)
+
+    def generate(self, rows, max_new_tokens, sampling=None, seed=0, pad_to=None):
+        if seed == self.kill_at:
+            raise KeyboardInterrupt
+        self.seeds.append(seed)
+        n, tokens = self.setting.num_draft or 0, [[5] * max_new_tokens for _ in rows]
+        if not n:
+            return GenerationResult(tokens, max_new_tokens / (10.0 + seed % 2), 0.0, max_new_tokens)
+        steps = -(-max_new_tokens // 2)  # one draft accepted a step
+        return GenerationResult(tokens, max_new_tokens / (11.0 + n + seed % 3), 0.0, 1 + steps, num_draft=n,
+                                verify_steps=steps, emitted_in_verify=2 * steps, live_row_steps=steps,
+                                accept_hist=[0, steps] + [0] * (n - 1), drafts_verified=n * steps)  # fmt: skip
+
+
+def test_a_killed_tune_resumes_each_round_from_its_journal(target, monkeypatch, tmp_path):
+    """A tune killed in its second round runs again only the prompts that round lacks, and recommends
+    what a tune never killed does; the journals are kept per cost profile (the adaptive candidate's
+    step costs come from it). The timed decoders are stood in for; the rounds, journals and choice are
+    the tuner's own."""
+    made, dying = [], [True]
+
+    def decoder(setting, target, **_):
+        made.append(_Timed(setting, kill_at=2 if setting.adaptive and dying[0] else None))
+        return made[-1]
+
+    def tune(journals, profile=None):
+        made.clear()
+        return tune_cell(target, EOS, [[5, 6, 7, 5, 6]] * 4, temperature=0.0, batch=1,
+                         profile=profile or _steep_profile(), max_new_tokens=12, families=["ngram"],
+                         num_drafts=(1, 2, 3), trees=(), verify_top=1, log=lambda _: None,
+                         journals=journals)  # fmt: skip
+
+    monkeypatch.setattr(Setting, "decoder", decoder)
+    with pytest.raises(KeyboardInterrupt):  # killed in the second round, at its third prompt
+        tune(tmp_path)
+    dying[0] = False
+    resumed = tune(tmp_path)
+    assert sorted(s for d in made for s in d.seeds) == [0, 0, 0, 2, 2, 2, 3, 3, 3]  # the 2nd round's warm-up and rest
+    assert resumed == tune(None)  # as a tune never killed
+    assert len(list(tmp_path.iterdir())) == 3  # a journal per round
+    # Negative controls: no journal, or another cost profile, measures every round from its first prompt.
+    for journals, profile in ((None, None), (tmp_path, _steep_profile({1: 10.0, 2: 11.0, 3: 13.0, 4: 40.0}))):
+        tune(journals, profile)
+        assert [s for d in made for s in d.seeds].count(1) == 6  # probe: 2 decoders, prefill: 1, measure: 3
+
+
+def test_a_tune_s_journals_are_its_arguments_own():
+    from jspec.cli.main import build_parser
+    from jspec.tune.cli import tune_journals
+
+    def folder(*extra):
+        args = build_parser().parse_args(["tune", "--prompts", "mt-bench", "--quick", *extra])
+        return tune_journals(args, pathlib.Path("/cache/tuned/m/mt-bench.json"))
+
+    assert folder() == folder("--out", "x.json", "--json", "--plot", "p.png")  # output options: the same tune
+    assert folder().parent == pathlib.Path("/cache/tuned/m/journals") and folder().name.startswith("mt-bench-")
+    assert len({folder(), folder("--limit", "9"), folder("--seed", "1"), folder("--draft-model", "d")}) == 4
 
 
 @pytest.mark.slow  # 44 s; pick (by interval) and predict are tested alone here, the tuner in auto_cells.py

@@ -3,7 +3,10 @@ and the commands; :mod:`jspec.cli.main` is the entry point)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
+import shutil
 import sys
 import time
 
@@ -153,6 +156,9 @@ def _cmd_tune(args) -> int:
     drafters = profile_drafters(model, args.model, num_drafts=num_drafts, trees=trees, head=head,
                                 draft_model=draft_model)  # fmt: skip
     drafters = {name: d for name, d in drafters.items() if name.split(":")[0] in families}
+    key = args.prompts + (f":{args.category}" if args.category else "")
+    journals = tune_journals(args, tuned_path(args.model, dtype=weights_dtype(model), workload=key, mesh=mesh))
+    print(f"journals: {journals} (a killed tune, run again alike, resumes from them)", file=sys.stderr)
     recs, rows, profiles, cache = [], [], {}, {}
     for batch in batches:
         profile, path, cached = ensure_profile(
@@ -164,7 +170,8 @@ def _cmd_tune(args) -> int:
             rec, table = tune_cell(model, eos, ids, temperature=t, batch=batch, profile=profile,
                                    max_new_tokens=args.max_new_tokens, families=families, num_drafts=num_drafts,
                                    trees=trees, model_name=args.model, head=head, draft_model=draft_model,
-                                   verify_top=args.verify_top, seed=args.seed, cache=cache, mesh=mesh)  # fmt: skip
+                                   verify_top=args.verify_top, seed=args.seed, cache=cache, mesh=mesh,
+                                   journals=journals)  # fmt: skip
             recs.append(rec)
             rows.extend(table)
     workload = {"prompts": args.prompts, "category": args.category, "skip": args.skip, "limit": len(prompts),
@@ -173,10 +180,10 @@ def _cmd_tune(args) -> int:
     config = TunedConfig(model=args.model, vocab_size=model.config.vocab_size, backend=profile.backend,
                          device_kind=profile.device_kind, dtype=weights_dtype(model), workload=workload,
                          recommendations=recs, candidates=rows, seconds=time.perf_counter() - t0)  # fmt: skip
-    key = args.prompts + (f":{args.category}" if args.category else "")
     saved = [save_tuned(config, tuned_path(args.model, dtype=config.dtype, workload=w, mesh=mesh)) for w in (key, None)]
     if args.out:
         saved.append(save_tuned(config, args.out))
+    shutil.rmtree(journals, ignore_errors=True)  # the tune is saved: nothing left to resume
     if args.plot:
         _plot(rows, args.plot, f"{args.model} on {key} ({len(prompts)} prompts)")
     if args.json:
@@ -185,6 +192,17 @@ def _cmd_tune(args) -> int:
     _print_table(config)
     print(f"tuned in {config.seconds:.0f} s; saved to " + ", ".join(str(s) for s in saved))
     return 0
+
+
+def tune_journals(args, tuned) -> pathlib.Path:
+    """The folder of a tune's journals, beside its tuned config ``tuned``: one per set of arguments
+    (``jspec tune``'s own, the output options aside), so a tune run again alike resumes and any other
+    starts afresh. The prompts' ids, the sampling, the seed and the decoders' names are in each
+    journal's key too."""
+
+    kept = {k: v for k, v in sorted(vars(args).items()) if k not in {"out", "plot", "json", "fn", "command"}}
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return tuned.parent / "journals" / f"{tuned.stem}-{digest}"
 
 
 def _print_table(config) -> None:

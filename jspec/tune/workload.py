@@ -21,11 +21,17 @@ For one batch size and one temperature, :func:`tune_cell`
    round can be wrong by 10-15% (Qwen 1.5B on MT-bench, docs/log 2026-12-05). Each setting is
    tested at 95% alone, not as a family: with k settings truly no faster than plain decoding, the
    chance that one passes is at most k * 2.5%.
+
+Each round can keep a journal (``journals``): a tune killed midway (a Qwen 1.5B tune on long prompts
+takes 1.5 h on a CPU) runs again only the prompts its rounds lack.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -99,11 +105,16 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
               families: Sequence[str], num_drafts: Sequence[int] = tuple(range(1, 8)),
               trees: Sequence[str] = ("dynamic",),
               model_name: str | None = None, head=None, draft_model=None, verify_top: int = 2, seed: int = 0,
-              log=None, cache: dict | None = None, mesh=None) -> tuple[Recommendation, list[dict]]:  # fmt: skip
+              log=None, cache: dict | None = None, mesh=None,
+              journals: pathlib.Path | None = None) -> tuple[Recommendation, list[dict]]:  # fmt: skip
     """Probe, predict, measure and recommend for one temperature at one batch size (over ``mesh``).
 
     ``cache``: decoders by setting, kept across calls (a loop compiles once per decoder, and the
     temperature is an argument, not part of the compiled program).
+    ``journals``: a folder for the rounds' journals (:func:`jspec.analysis.bench.run_interleaved`),
+    one per batch size, temperature, round and cost profile (the adaptive candidate's step costs come
+    from it); the same call again resumes each round at its next prompt. The folder must be this
+    tune's alone (the target, head, draft model and mesh are not in the journals' keys).
 
     Returns:
       (the recommendation, one row per candidate: ``name``, ``predicted_speedup``, and where
@@ -124,10 +135,21 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
     missing = [s.shape for s in probes if s.shape not in profile.drafters]
     if missing:
         raise ValueError(f"the cost profile lacks {missing}; measure them: jspec tune profile --force ...")
+    profile_tag = hashlib.sha256(json.dumps(profile.to_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def measure(decoders, budget, stage, progress=True):
+        path = None if journals is None else journals / f"b{batch}_T{temperature:g}_{stage}_{profile_tag}.jsonl"
+        out = run_interleaved(decoders, prompt_ids, budget, sampling, seed=seed, batch=batch, progress=progress,
+                              journal=path)  # fmt: skip
+        kept = next(iter(out.values()))["resumed_batches"]
+        if kept:
+            log(f"  {stage}: {kept} of {next(iter(out.values()))['calls']} batches resumed from {path}")
+        return out
+
     decoders = {s.name: decoder(s) for s in (PLAIN, *probes)}
     log(f"  T = {temperature}, batch {batch}: probing {', '.join(decoders)} ...")
-    first = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch, progress=True)
-    prefills = run_interleaved({PLAIN.name: decoders[PLAIN.name]}, prompt_ids, 1, sampling, seed=seed, batch=batch)
+    first = measure(decoders, max_new_tokens, "probe")
+    prefills = measure({PLAIN.name: decoders[PLAIN.name]}, 1, "prefill", progress=False)
     first[PLAIN.name]["prefill_seconds"] = prefills[PLAIN.name]["seconds"]
     for s in probes:
         first[s.name]["verify_width"] = _width(decoders[s.name])
@@ -155,7 +177,7 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
         chosen.append(adaptive)
     decoders = {s.name: decoder(s) for s in (PLAIN, *chosen)}
     log(f"  T = {temperature}, batch {batch}: measuring {', '.join(decoders)} ...")
-    second = run_interleaved(decoders, prompt_ids, max_new_tokens, sampling, seed=seed, batch=batch, progress=True)
+    second = measure(decoders, max_new_tokens, "verify")
     for name, entry in second.items():
         _measured(rows[name], entry, second[PLAIN.name], "verify")
 
