@@ -219,6 +219,19 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
     assert rec.speedup_interval[0] > 1.0
 
 
+def test_a_candidate_measured_in_both_rounds_reports_the_second_and_keeps_the_probe_s():
+    def entry(seconds):
+        return {"tokens_per_s": 96 / sum(seconds), "batch_tokens": [48, 48], "batch_seconds": seconds,
+                "tau": 2.0, "compile_seconds": 0.0}  # fmt: skip
+
+    plain, row = entry([4.0, 4.0]), {"name": "ngram:N=7"}
+    workload._measured(row, entry([2.0, 2.2]), plain, "probe")
+    assert "probe_round" not in row
+    workload._measured(row, entry([3.0, 3.4]), plain, "verify")
+    assert row["round"] == "verify" and row["measured_speedup"] == pytest.approx(8 / 6.4)
+    assert row["probe_round"]["measured_speedup"] == pytest.approx(8 / 4.2) and row["probe_round"]["tau"] == 2.0
+
+
 def _steep_profile(forward_ms=None):
     """Longer forwards cost more and more: N = 3 is predicted slowest, N = 1 fastest."""
     lookup = {f"ngram:N={n}": {"propose_ms": 0.1, "commit_ms": 0.0} for n in (1, 2, 3)}

@@ -221,6 +221,8 @@ def _width_of(setting: Setting, first: dict) -> int:
 
 
 def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
+    if row.get("round") == "probe":  # measured again: the row reports the latest, and keeps the probe's
+        row["probe_round"] = {k: row[k] for k in ("measured_speedup", "speedup_interval", "tau", "tokens_per_s")}
     row |= {
         "measured_speedup": entry["tokens_per_s"] / plain["tokens_per_s"],
         "speedup_interval": list(speedup_interval(entry, plain, LEVEL)),
