@@ -14,7 +14,7 @@ EXPERIMENTS = ROOT / "experiments"
 SCRIPTS = sorted(p for p in EXPERIMENTS.rglob("*.py") if "out" not in p.relative_to(EXPERIMENTS).parts)
 
 
-def test_interleaved_seconds_compiles_each_once_then_takes_turns_rotating():
+def test_interleaved_seconds_compiles_each_once_then_takes_turns_in_changing_order():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     seconds = harness.interleaved_seconds(fns, repeats=3)
@@ -25,6 +25,30 @@ def test_interleaved_seconds_compiles_each_once_then_takes_turns_rotating():
     assert calls == ["a", "b", "c"] * 3
     with pytest.raises(ValueError, match="repeats >= 1"):
         harness.interleaved_seconds(fns, repeats=0)
+
+
+def _balance(orders, n):
+    """How often each decoder takes each place, and how often each runs right after each other."""
+    import itertools
+    from collections import Counter
+
+    places = Counter((j, d) for order in orders for j, d in enumerate(order))
+    follows = Counter(pair for order in orders for pair in itertools.pairwise(order))
+    return set(places.values()), {follows[(a, b)] for a in range(n) for b in range(n) if a != b}
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_turn_order_puts_every_decoder_in_every_place_and_after_every_other_equally_often(n):
+    from jspec.analysis.bench import turn_order
+
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = [turn_order(n, i) for i in range(cycle)]
+    assert all(sorted(order) == list(range(n)) for order in orders) and turn_order(n, cycle) == orders[0]
+    places, follows = _balance(orders, n)
+    assert places == {cycle // n} and len(follows) <= 1  # each pair cycle // n times (n = 1: no pairs)
+    if n >= 3:  # negative control: the rotation used before, in which b always ran right after a
+        rotated = [[(j + i) % n for j in range(n)] for i in range(cycle)]
+        assert _balance(rotated, n)[0] == {cycle // n} and len(_balance(rotated, n)[1]) > 1
 
 
 def test_save_records_the_run_with_its_specs_and_the_specs_round_trip(tmp_path):

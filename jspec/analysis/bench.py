@@ -29,8 +29,31 @@ __all__ = [
     "run_interleaved",
     "run_prompts",
     "speedup_interval",
+    "turn_order",
     "warm_up",
 ]
+
+
+def turn_order(n: int, turn: int) -> list[int]:
+    """The order in which ``n`` decoders run in turn ``turn``: a Williams design, a Latin square in
+    which each decoder also follows every other equally often (once in every ``n`` turns for even
+    ``n``, twice in every ``2n`` for odd). A decoder measured right after a heavy program runs at
+    another speed (3% after the EAGLE-3 head, docs/log 2026-12-03, "The order of decoders"); with the
+    order only rotated, each decoder always followed the same one (``auto`` always after the draft
+    model), so that bias never averaged out."""
+    if n < 1:
+        raise ValueError(f"need at least one decoder; got {n}.")
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...: the differences between neighbours are all distinct
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(j + r) % n for j in first] for r in range(n)]
+    if n % 2:  # an odd square balances carryover only together with its mirror
+        rows += [row[::-1] for row in rows]
+    return rows[turn % len(rows)]
 
 
 def warm_up(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,
@@ -88,16 +111,16 @@ def run_interleaved(
     """Every decoder on every prompt (alone, or in batches of ``batch``), taking turns batch by batch.
 
     Taking turns spreads drift in the machine's speed (it is shared) over all
-    decoders alike, so their ratios stay meaningful; the order rotates from batch to batch, so
-    that no decoder always runs right after the same one (a fixed order biases the one that follows a
-    heavy program: docs/log, "The order of decoders"). Each decoder is warmed up
+    decoders alike, so their ratios stay meaningful; the order changes from batch to batch
+    (:func:`turn_order`), so that each decoder runs right after every other equally often (a fixed
+    order biases the one that follows a heavy program: docs/log, "The order of decoders"). Each decoder is warmed up
     first (:func:`warm_up`); compilation is reported apart, never timed.
 
     Args:
       decoders: name -> a :class:`jspec.loop.decode.Decoder` or :class:`jspec.loop.engine.SpeculativeDecoder`.
       prompt_ids: token ids per prompt; batch i is generated with seed ``seed + i``.
       batch: rows per call (:func:`batches`).
-      rotate: start each batch's turn with the next decoder (False: always in the given order).
+      rotate: change the order from batch to batch (:func:`turn_order`; False: always in the given order).
       progress: a progress bar on stderr (where it is a terminal, or JSPEC_PROGRESS is set).
       one_shape: every batch runs in the loop sized for the longest prompt (one compiled program per
         decoder: the tuner's 8 MT-bench prompts needed 4 per decoder, prompt and cache sizes
@@ -119,7 +142,8 @@ def run_interleaved(
     names = list(decoders)
     todo = batches(prompt_ids, batch)
     key = {"decoders": names, "prompts": hashlib.sha256(json.dumps(todo).encode()).hexdigest(),
-           "max_new_tokens": max_new_tokens, "sampling": repr(sampling), "seed": seed, "rotate": rotate,
+           "max_new_tokens": max_new_tokens, "sampling": repr(sampling), "seed": seed,
+           "order": "williams" if rotate else "fixed",
            "one_shape": one_shape}  # fmt: skip
     kept = _open_journal(pathlib.Path(journal), key) if journal is not None else {}
     missing = len(kept) < len(todo)  # nothing to compile where the journal holds every batch
@@ -136,9 +160,9 @@ def run_interleaved(
         if i in kept:
             found[i] = kept[i]
             continue
-        k = i % len(names) if rotate else 0
+        order = [names[j] for j in turn_order(len(names), i)] if rotate else names
         found[i] = {name: decoders[name].generate(rows, max_new_tokens, sampling, seed=seed + i, pad_to=pad_to)
-                    for name in names[k:] + names[:k]}  # fmt: skip  # each batch starts with the next decoder
+                    for name in order}  # fmt: skip
         if journal is not None:
             line = {"batch": i, "results": {name: dataclasses.asdict(r) for name, r in found[i].items()}}
             _write(pathlib.Path(journal), "a", json.dumps(line) + "\n")

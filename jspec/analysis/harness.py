@@ -28,6 +28,7 @@ from importlib import metadata
 
 import jax
 
+from jspec.analysis.bench import turn_order
 from jspec.cli.common import figure
 
 __all__ = [
@@ -55,8 +56,8 @@ def interleaved_seconds(fns: Mapping[str, Callable[[], object]], repeats: int, r
                         ) -> dict[str, list[float]]:  # fmt: skip
     """Seconds per call of each of ``fns``, taking turns: one untimed call each (the compilation),
     then ``repeats`` rounds in which every function runs once, each call waited for
-    (``jax.block_until_ready`` on what it returns). With ``rotate`` each round starts with the next
-    function, so that none always follows the same one."""
+    (``jax.block_until_ready`` on what it returns). With ``rotate`` the order changes from round to
+    round (:func:`jspec.analysis.bench.turn_order`), so that each follows every other equally often."""
     if repeats < 1 or not fns:
         raise ValueError(f"need functions and repeats >= 1; got {len(fns)} functions, repeats {repeats}.")
     names = list(fns)
@@ -64,8 +65,7 @@ def interleaved_seconds(fns: Mapping[str, Callable[[], object]], repeats: int, r
         jax.block_until_ready(fns[name]())
     seconds = {name: [] for name in names}
     for i in range(repeats):
-        k = i % len(names) if rotate else 0
-        for name in names[k:] + names[:k]:
+        for name in [names[j] for j in turn_order(len(names), i)] if rotate else names:
             t0 = time.perf_counter()
             jax.block_until_ready(fns[name]())
             seconds[name].append(time.perf_counter() - t0)
