@@ -38,7 +38,7 @@ def turn_order(n: int, turn: int) -> list[int]:
     """The order in which ``n`` decoders run in turn ``turn``: a Williams design, a Latin square in
     which each decoder also follows every other equally often (once in every ``n`` turns for even
     ``n``, twice in every ``2n`` for odd). A decoder measured right after a heavy program runs at
-    another speed (3% after the EAGLE-3 head, docs/log 2026-12-03, "The order of decoders"); with the
+    another speed (3% after the EAGLE-3 head, docs/log 2026-12-01, "The order of decoders"); with the
     order only rotated, each decoder always followed the same one (``auto`` always after the draft
     model), so that bias never averaged out."""
     if n < 1:
