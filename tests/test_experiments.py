@@ -329,3 +329,27 @@ def test_same_program_ignores_names_and_debug_information_but_not_instructions()
     b = '%add.9 = s32[] add(%q.4, %q.5), metadata={op_name="y" source_line=8}\nROOT %select.2 = s32[] select(%add.9)'
     assert canonical(a) == canonical(b)
     assert canonical(a) != canonical(a.replace("add(", "subtract("))  # negative control: another instruction
+
+
+def test_length_fit_recovers_costs_per_token_that_a_rate_ratio_mistakes_for_lengths(tmp_path):
+    """Journal lines made from known prefills and costs per token, the answers' lengths differing by
+    decoder as sampled answers do: the fit returns the costs; the rate ratio (what a cell computes)
+    is far from the true 1.25x per token on the same runs (the negative control)."""
+    prefill, cost = [8.0, 9.0, 7.5, 8.5], {"ar": 0.2, "ngram:N=3": 0.16}
+    lengths = [(5, 48), (48, 9), (30, 31), (12, 40)]  # (plain, prompt lookup) tokens per prompt
+    rows = [{"batch": i, "results": {n: {"tokens": [[0] * k], "seconds": prefill[i] + cost[n] * k}
+                                     for n, k in zip(cost, ks, strict=True)}}
+            for i, ks in enumerate(lengths)]  # fmt: skip
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("\n".join(json.dumps(r) for r in [{"key": {}}, *rows]) + "\n")
+    fit = _load("length_fit").main([str(journal), "--decoders", "ar,ngram:N=3", "--out", str(tmp_path / "fit.json")])
+    assert fit["speedup_per_token"]["ngram:N=3"] == pytest.approx(1.25, rel=1e-9)
+    assert fit["prefill_seconds"] == pytest.approx(prefill) and fit["residual_sd_seconds"] < 1e-9
+
+    def rate(run):
+        return len(run["tokens"][0]) / run["seconds"]
+
+    rates = [rate(r["results"]["ngram:N=3"]) / rate(r["results"]["ar"]) for r in rows]
+    assert abs(statistics.geometric_mean(rates) / 1.25 - 1) > 0.1  # the cell's estimate: off by ~20%
+    with pytest.raises(SystemExit, match="no runs of draft:N=4"):
+        _load("length_fit").main([str(journal), "--decoders", "ar,draft:N=4", "--out", str(tmp_path / "x.json")])
