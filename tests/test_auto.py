@@ -179,6 +179,52 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     assert speedup_interval(one, one | {"batch_seconds": [1.0]}) == (0.0, float("inf"))  # one prompt: no confidence
 
 
+def _sampled_runs(rng, prompts: int, cost: float, plain_cost: float = 0.18, extra: float = 1.0):
+    """Made-up paired runs as a sampled RAG cell has them: a prefill of 7-10 s a prompt (about 48
+    tokens' time), answers ending at lengths drawn alike for both decoders but apart (capped at 48),
+    ``extra`` fixed seconds for the entry (a draft model's prefill), noise of 0.3 s; and the entry's
+    true speedup at the pairs' mean lengths."""
+    prefill = rng.uniform(7, 10, prompts)
+    tokens, p_tokens = (np.minimum(rng.geometric(1 / 30, prompts), 48).astype(float) for _ in range(2))
+    seconds = prefill + extra + cost * tokens + rng.normal(0, 0.3, prompts)
+    p_seconds = prefill + plain_cost * p_tokens + rng.normal(0, 0.3, prompts)
+    common = (tokens + p_tokens) / 2
+    truth = np.exp(np.log((prefill + plain_cost * common) / (prefill + extra + cost * common)).mean())
+    run, plain = ({"batch_tokens": n.tolist(), "batch_seconds": s.tolist(), "tokens_per_s": n.sum() / s.sum()}
+                  for n, s in ((tokens, seconds), (p_tokens, p_seconds)))  # fmt: skip
+    return run, plain, truth
+
+
+def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
+    """At T = 1 each decoder's answer ends elsewhere, and with a long prefill a ratio of rates measures
+    the lengths: the paired interval is taken at matched lengths, and holds the true speedup, narrowly,
+    in 20 made-up cells of 24 prompts (negative control: the ratio of rates, each prompt's tokens
+    over its seconds, misses it or spreads over tens of percent)."""
+    from jspec.analysis.bench import matched_seconds, speedup, speedup_interval
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        run, plain, truth = _sampled_runs(rng, 24, cost=0.14)
+        lo, hi = speedup_interval(run, plain)
+        assert lo <= truth <= hi and hi / lo < 1.1 and speedup(run, plain) == pytest.approx(truth, rel=0.03)
+    logs = np.log(np.divide(run["batch_tokens"], run["batch_seconds"]) /
+                  np.divide(plain["batch_tokens"], plain["batch_seconds"]))  # fmt: skip
+    assert np.exp(2 * 2.07 * logs.std(ddof=1) / np.sqrt(24)) > 1.3  # the rate ratio's interval, for the record
+    # Equal lengths (greedy decoding) are left as measured: the interval is the rates' own.
+    same = {"batch_tokens": [48, 48], "batch_seconds": [1.0, 2.0]}
+    assert [s.tolist() for s in matched_seconds(same, same | {"batch_seconds": [2.0, 3.0]})] == [[1.0, 2.0], [2.0, 3.0]]
+    # One prompt ended early for the entry alone: plain's cost is not told apart from the prefill, the
+    # entry is moved to plain's length (its cost known from that prompt).
+    run = {"batch_tokens": [48, 48, 10], "batch_seconds": [10.0, 11.0, 4.0]}
+    plain = {"batch_tokens": [48, 48, 48], "batch_seconds": [11.0, 12.0, 13.0]}
+    moved, p_moved = matched_seconds(run, plain)
+    # The others took 1 s less than plain at 48 tokens, this one 9 s less at 10: 38 tokens cost 8 s.
+    assert p_moved.tolist() == plain["batch_seconds"] and moved.tolist() == pytest.approx([10.0, 11.0, 4.0 + 8.0])
+    # Each always at one length of its own: no cost can be fitted, so no confidence either way.
+    apart = {"batch_tokens": [40, 40, 40], "batch_seconds": [5.0, 6.0, 7.0]}
+    assert matched_seconds(apart, plain) is None and speedup_interval(apart, plain) == (0.0, float("inf"))
+
+
 def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not(target, monkeypatch):
     """The probe round is a paired measurement like the second round: when the best predicted
     setting, measured after it, is not faster with confidence, a probe that was is recommended

@@ -157,6 +157,7 @@ def test_auto_cells_tiny(tmp_path, smollm2, monkeypatch):
     assert cell["tune_prediction_errors"] and (tmp_path / "auto_cells.png").stat().st_size > 5_000
     lo, hi = cell["auto_over_plain_interval"]
     assert lo <= hi and report["goals"]["cells"] == 1
+    assert all(len(b["batch_seconds"]) == cell["prompts"] for b in cell["batches"].values())  # readable again
     assert sorted(p.name for p in (cache / "tuned").glob("*/*.json")) == ["humaneval.json", "latest.json"]
     module = _load("auto_cells")  # run again with the same arguments: the finished cell is kept, nothing measured
     monkeypatch.setattr(module, "_tune", lambda *a: pytest.fail("tuned again"))

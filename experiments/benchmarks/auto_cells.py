@@ -11,12 +11,13 @@ every decoder runs every prompt, taking turns prompt by prompt (:func:`jspec.ana
 plain decoding, fixed settings (prompt lookup N = 3 and 7, and where available the EAGLE-3 chain of 5 and
 dynamic tree, the draft model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the
 tuned config.
-Reports per cell (workload x temperature): auto over plain with its 95% interval (a paired
-t interval over the prompts, :func:`jspec.analysis.bench.speedup_interval`), auto over the best fixed
+Reports per cell (workload x temperature): auto over plain with its 95% interval (paired over the
+prompts at matched answer lengths, :func:`jspec.analysis.bench.speedup_interval`), auto over the best fixed
 setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
 predicted against measured speedups; and the goals over all cells: auto never measurably slower
 than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean
-in at least 80% of the cells. ``--tune-quick`` tunes with ``jspec tune --quick`` (its own prompt
+in at least 80% of the cells; each decoder's tokens and seconds per prompt (``batches``: a cell read
+again with another estimate needs no run). ``--tune-quick`` tunes with ``jspec tune --quick`` (its own prompt
 count and length); ``--fixed`` names the fixed settings instead. Writes ``auto_cells.json`` (after
 every cell) and ``auto_cells.png`` to --out; run again with the same arguments, it keeps the cells
 that file holds and the workloads' tuned configs, and measures only what is missing; a cell cut short
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
     from jspec.core.sampling import SamplingParams
@@ -167,8 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
             journal = args.out / f"journal_{workload.replace(':', '_')}_T{t}.jsonl"
             runs = run_interleaved(runs_for, ids, args.max_new_tokens, SamplingParams.create(t), batch=args.batch,
                                    journal=journal)  # fmt: skip
-            base = runs["ar"]["tokens_per_s"]
-            speed = {name: e["tokens_per_s"] / base for name, e in runs.items()}
+            speed = {name: speedup(e, runs["ar"]) for name, e in runs.items()}  # at matched answer lengths
             fixed_names = [n for n in runs if n not in ("ar", "auto")]
             best_fixed = max(fixed_names, key=speed.get)
             two_fastest = sorted([*fixed_names, "ar"], key=lambda n: -speed[n])[:2]
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "tune_prediction_errors": pred_errors, "compile_seconds": {n: e["compile_seconds"] for n, e in
                                                                             runs.items()},
                 "resumed_batches": runs["ar"]["resumed_batches"],
+                "batches": {n: {k: e[k] for k in ("batch_tokens", "batch_seconds")} for n, e in runs.items()},
             }  # fmt: skip
             cells.append(cell)
             save(saved, {"args": run_args, "cells": cells, "tune": tuned_runs, "partial": True}, args=args,

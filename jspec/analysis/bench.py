@@ -25,9 +25,11 @@ from jspec.models.loading import progress as bar
 __all__ = [
     "batches",
     "forget_compiled",
+    "matched_seconds",
     "predicted_seconds",
     "run_interleaved",
     "run_prompts",
+    "speedup",
     "speedup_interval",
     "turn_order",
     "warm_up",
@@ -218,12 +220,66 @@ def _write(path: pathlib.Path, mode: str, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each batch's seconds for ``entry`` and ``plain`` (two :func:`run_interleaved` entries over the same
+    batches) as if both had generated the same number of tokens: what a paired speedup compares.
+
+    Sampled decoders answer a prompt at different lengths (each samples its own tokens; exactness makes the
+    lengths' distribution the same, not the lengths), and where a prompt's prefill is a large part of
+    the time a ratio of rates then measures mostly how long the answers were (docs/log, 2026-12-07, RAG
+    T = 1). Per batch i, ``seconds = prefill_i + cost_d * tokens`` for both decoders, ``entry`` with an
+    extra fixed time of its own (a draft model's prefill); the difference of the two runs, fitted by
+    least squares over the batches, gives each decoder's cost per token, and each run is moved along its
+    cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from
+    the fixed times (one decoder always ran to the same length), the other is moved to its length.
+    Batches of equal lengths are left as measured (greedy decoding: always).
+
+    Returns:
+      (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and
+      the costs cannot be fitted (both ran to one length each, or a cost came out not positive).
+    """
+    tokens, seconds = np.asarray(entry["batch_tokens"], float), np.asarray(entry["batch_seconds"], float)
+    p_tokens, p_seconds = np.asarray(plain["batch_tokens"], float), np.asarray(plain["batch_seconds"], float)
+    if tokens.shape != p_tokens.shape or tokens.size == 0:
+        raise ValueError(f"a paired speedup needs runs over the same batches; got {tokens.size} and {p_tokens.size}.")
+    if np.array_equal(tokens, p_tokens):
+        return seconds, p_seconds
+    design = np.column_stack([np.ones_like(tokens), tokens, -p_tokens])
+    fit = np.linalg.lstsq(design, seconds - p_seconds, rcond=None)[0]
+    # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
+    known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
+    if known.all():
+        common = (tokens + p_tokens) / 2
+    elif known.any():
+        common = p_tokens if known[0] else tokens
+    else:
+        return None
+    cost, p_cost = fit[1] if known[0] else 0.0, fit[2] if known[1] else 0.0
+    if (known[0] and cost <= 0) or (known[1] and p_cost <= 0):
+        return None
+    moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
+    return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
+
+
+def speedup(entry: Mapping, plain: Mapping) -> float:
+    """``entry``'s speedup over ``plain``: plain's seconds over the entry's, summed over the batches at
+    matched lengths (:func:`matched_seconds`); the ratio of their rates where the lengths cannot be
+    matched (the interval then says so: :func:`speedup_interval`). Equal lengths: the ratio of rates."""
+    matched = matched_seconds(entry, plain)
+    if matched is None:
+        return entry["tokens_per_s"] / plain["tokens_per_s"]
+    return float(matched[1].sum() / matched[0].sum())
+
+
 def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tuple[float, float]:
     """A ``level`` confidence interval of ``entry``'s speedup over ``plain`` (two :func:`run_interleaved`
     entries over the same batches), paired batch by batch: Student's t interval of the mean log
-    ratio of the two rates, exponentiated (``(0, inf)`` from a single batch).
+    ratio of the two runs' seconds at matched lengths (:func:`matched_seconds`), exponentiated, its
+    standard error the jackknife's over batches (the costs per token fitted again without each), so
+    the fit's own uncertainty is in it; with equal lengths that is the usual standard error of a
+    mean. ``(0, inf)`` from a single batch, or where the lengths cannot be matched.
 
-    Pairing removes what the prompts share (a long answer is slow for both); what is left is the
+    Pairing removes what the prompts share (a long prompt is slow for both); what is left is the
     spread of the per-prompt speedups, and the t quantile keeps a few prompts honest: three that
     sped up 0.9x, 1.25x and 1.5x give about (0.63, 2.3), and no drafter is chosen on them. (A
     percentile bootstrap over four prompts once called plain decoding run twice "0.87-0.99x": it
@@ -231,15 +287,25 @@ def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tup
     """
     from scipy import stats  # imported here: scipy.stats adds seconds to start-up; only intervals need it
 
-    tokens, seconds = np.asarray(entry["batch_tokens"], float), np.asarray(entry["batch_seconds"], float)
-    p_tokens, p_seconds = np.asarray(plain["batch_tokens"], float), np.asarray(plain["batch_seconds"], float)
-    if tokens.shape != p_tokens.shape or tokens.size == 0:
-        raise ValueError(f"speedup_interval pairs runs over the same batches; got {tokens.size} and {p_tokens.size}.")
-    logs = np.log((tokens / seconds) / (p_tokens / p_seconds))
-    if logs.size < 2:
+    def mean_log(pair) -> float | None:
+        return None if pair is None else float(np.log(pair[1] / pair[0]).mean())
+
+    def without(i: int) -> float | None:
+        keys = ("batch_tokens", "batch_seconds")
+        kept = ({k: np.delete(np.asarray(e[k], float), i) for k in keys} for e in (entry, plain))
+        return mean_log(matched_seconds(*kept))
+
+    center = mean_log(matched_seconds(entry, plain))  # raises where the batches differ
+    size = len(plain["batch_tokens"])
+    if size < 2 or center is None:
         return 0.0, float("inf")
-    half = stats.t.ppf((1 + level) / 2, logs.size - 1) * logs.std(ddof=1) / np.sqrt(logs.size)
-    return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    leave_out = [without(i) for i in range(size)]
+    if any(v is None for v in leave_out):
+        return 0.0, float("inf")
+    leave_out = np.array(leave_out)
+    error = np.sqrt((size - 1) / size * ((leave_out - leave_out.mean()) ** 2).sum())
+    half = stats.t.ppf((1 + level) / 2, size - 1) * error
+    return float(np.exp(center - half)), float(np.exp(center + half))
 
 
 def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,

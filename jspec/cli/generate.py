@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from jspec.analysis.bench import run_interleaved, speedup_interval
+from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
 from jspec.analysis.prompts import load_prompts
 from jspec.api import make_decoder
 from jspec.cli.common import (
@@ -153,7 +153,7 @@ def _cmd_bench(args) -> int:
     plain = next((results[m] for m, spec in specs.items() if isinstance(spec, PlainSpec)), None)
     if plain is not None:
         for entry in results.values():
-            entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
+            entry["speedup"] = speedup(entry, plain)  # at matched answer lengths
             entry["speedup_interval"] = list(speedup_interval(entry, plain))  # 95%, paired over prompts
     out = {
         "model": args.model,

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jspec.analysis.bench import run_interleaved, speedup_interval
+from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
 from jspec.core.sampling import SamplingParams
 from jspec.loop.adaptive import StepCosts
 from jspec.methods import drafts, tuned_families
@@ -224,7 +224,7 @@ def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
     if row.get("round") == "probe":  # measured again: the row reports the latest, and keeps the probe's
         row["probe_round"] = {k: row[k] for k in ("measured_speedup", "speedup_interval", "tau", "tokens_per_s")}
     row |= {
-        "measured_speedup": entry["tokens_per_s"] / plain["tokens_per_s"],
+        "measured_speedup": speedup(entry, plain),  # at matched answer lengths
         "speedup_interval": list(speedup_interval(entry, plain, LEVEL)),
         "prompts": len(entry["batch_tokens"]),
         "tokens_per_s": entry["tokens_per_s"],
