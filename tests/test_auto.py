@@ -265,17 +265,33 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
     assert rec.speedup_interval[0] > 1.0
 
 
-def test_a_candidate_measured_in_both_rounds_reports_the_second_and_keeps_the_probe_s():
+def test_a_candidate_measured_in_both_rounds_is_judged_on_both_pooled_by_prompt():
+    """One test over both rounds' runs, not the latest alone nor two chances to pass; the probe's
+    figures are kept, and each round's runs (negative control: each round alone does not pass)."""
+    from jspec.analysis.bench import speedup_interval
+
     def entry(seconds):
-        return {"tokens_per_s": 96 / sum(seconds), "batch_tokens": [48, 48], "batch_seconds": seconds,
+        return {"tokens_per_s": 3 * 48 / sum(seconds), "batch_tokens": [48] * 3, "batch_seconds": seconds,
                 "tau": 2.0, "compile_seconds": 0.0}  # fmt: skip
 
-    plain, row = entry([4.0, 4.0]), {"name": "ngram:N=7"}
-    workload._measured(row, entry([2.0, 2.2]), plain, "probe")
-    assert "probe_round" not in row
-    workload._measured(row, entry([3.0, 3.4]), plain, "verify")
-    assert row["round"] == "verify" and row["measured_speedup"] == pytest.approx(8 / 6.4)
-    assert row["probe_round"]["measured_speedup"] == pytest.approx(8 / 4.2) and row["probe_round"]["tau"] == 2.0
+    plain, row = entry([4.0, 4.0, 4.0]), {"name": "ngram:N=7"}
+    probe, verify = entry([3.0, 3.9, 3.4]), entry([3.6, 3.1, 3.3])
+    workload._measured(row, probe, plain, "probe")
+    assert "probe_round" not in row and row["rounds_pooled"] == 1 and row["speedup_interval"][0] < 1.0
+    workload._measured(row, verify, plain, "verify")
+    assert row["round"] == "verify" and row["rounds_pooled"] == 2
+    assert row["measured_speedup"] == pytest.approx(24 / 20.3)
+    assert row["probe_round"]["measured_speedup"] == pytest.approx(12 / 10.3) and row["probe_round"]["tau"] == 2.0
+    assert speedup_interval(verify, plain)[0] < 1.0 < row["speedup_interval"][0]  # pooled by prompt, it passes
+    assert row["batches"]["probe"]["entry"]["batch_seconds"] == probe["batch_seconds"]
+    # Where each prompt sped up alike in both rounds, 6 runs are 3 prompts' worth, not 6 (treated as 6
+    # prompts the interval is narrower than the data allow).
+    both = {k: probe[k] + entry([3.1, 3.8, 3.5])[k] for k in ("batch_tokens", "batch_seconds")}
+    plains = {k: plain[k] * 2 for k in ("batch_tokens", "batch_seconds")}
+    grouped, loose = speedup_interval(both, plains, groups=[0, 1, 2] * 2), speedup_interval(both, plains)
+    assert grouped[0] < loose[0] and grouped[1] > loose[1]
+    with pytest.raises(ValueError, match="groups names the prompt of each of the 6 batches"):
+        speedup_interval(both, plains, groups=[0, 1, 2])
 
 
 def _steep_profile(forward_ms=None):

@@ -232,7 +232,8 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     least squares over the batches, gives each decoder's cost per token, and each run is moved along its
     cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from
     the fixed times (one decoder always ran to the same length), the other is moved to its length.
-    Batches of equal lengths are left as measured (greedy decoding: always).
+    Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
+    counts its rows' tokens together: there the time follows its longest row, and the fit is rougher.
 
     Returns:
       (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and
@@ -267,17 +268,23 @@ def speedup(entry: Mapping, plain: Mapping) -> float:
     matched (the interval then says so: :func:`speedup_interval`). Equal lengths: the ratio of rates."""
     matched = matched_seconds(entry, plain)
     if matched is None:
-        return entry["tokens_per_s"] / plain["tokens_per_s"]
+        rate, p_rate = (sum(e["batch_tokens"]) / sum(e["batch_seconds"]) for e in (entry, plain))
+        return rate / p_rate
     return float(matched[1].sum() / matched[0].sum())
 
 
-def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tuple[float, float]:
+def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95, groups: Sequence[int] | None = None
+                     ) -> tuple[float, float]:  # fmt: skip
     """A ``level`` confidence interval of ``entry``'s speedup over ``plain`` (two :func:`run_interleaved`
     entries over the same batches), paired batch by batch: Student's t interval of the mean log
     ratio of the two runs' seconds at matched lengths (:func:`matched_seconds`), exponentiated, its
     standard error the jackknife's over batches (the costs per token fitted again without each), so
     the fit's own uncertainty is in it; with equal lengths that is the usual standard error of a
     mean. ``(0, inf)`` from a single batch, or where the lengths cannot be matched.
+
+    ``groups``: per batch, the prompt it ran (the same prompts measured in two rounds, concatenated):
+    the jackknife then leaves out a prompt at a time, and the t quantile counts prompts, not runs
+    (what a prompt favours, it favours in both rounds).
 
     Pairing removes what the prompts share (a long prompt is slow for both); what is left is the
     spread of the per-prompt speedups, and the t quantile keeps a few prompts honest: three that
@@ -290,16 +297,20 @@ def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95) -> tup
     def mean_log(pair) -> float | None:
         return None if pair is None else float(np.log(pair[1] / pair[0]).mean())
 
-    def without(i: int) -> float | None:
-        keys = ("batch_tokens", "batch_seconds")
-        kept = ({k: np.delete(np.asarray(e[k], float), i) for k in keys} for e in (entry, plain))
+    def without(group) -> float | None:
+        keep = np.asarray(groups) != group
+        kept = ({k: np.asarray(e[k], float)[keep] for k in ("batch_tokens", "batch_seconds")} for e in (entry, plain))
         return mean_log(matched_seconds(*kept))
 
     center = mean_log(matched_seconds(entry, plain))  # raises where the batches differ
-    size = len(plain["batch_tokens"])
+    count = len(plain["batch_tokens"])
+    groups = np.arange(count) if groups is None else groups
+    if len(groups) != count:
+        raise ValueError(f"groups names the prompt of each of the {count} batches; got {len(groups)}.")
+    size = len(set(groups))
     if size < 2 or center is None:
         return 0.0, float("inf")
-    leave_out = [without(i) for i in range(size)]
+    leave_out = [without(g) for g in sorted(set(groups))]
     if any(v is None for v in leave_out):
         return 0.0, float("inf")
     leave_out = np.array(leave_out)

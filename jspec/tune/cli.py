@@ -219,7 +219,8 @@ def _print_table(config) -> None:
             interval = "{:.2f}-{:.2f}x".format(*r["speedup_interval"]) if "speedup_interval" in r else "-"
             tau = f"{r['tau']:.2f}" if "tau" in r else "-"
             acc = ", ".join(f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:3])
-            mark = " <- recommended" if r["recommended"] else ""
+            mark = " (both rounds)" if r.get("rounds_pooled", 1) > 1 else ""
+            mark += " <- recommended" if r["recommended"] else ""
             print(f"  {r['name']:<28} {r['predicted_speedup']:>8.3f}x {measured:>9} {interval:>13} {tau:>6}  "
                   f"{acc}{mark}")  # fmt: skip
     print()
@@ -229,7 +230,10 @@ def _print_table(config) -> None:
             f"recommended for {BANDS[rec.band]}, batch {rec.batch}: {rec.setting.name} "
             f"(measured {rec.measured_speedup:.2f}x plain{interval}; predicted {rec.predicted_speedup:.2f}x)"
         )
-    print("(a drafter is recommended only when its whole interval lies above 1x; else plain decoding)")
+    print(
+        "(a drafter is recommended only when its whole interval lies above 1x; else plain decoding; speedups at "
+        "matched answer lengths, a candidate measured in both rounds on both together)"
+    )
 
 
 def _plot(rows, path, title) -> None:

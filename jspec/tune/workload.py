@@ -15,14 +15,17 @@ For one batch size and one temperature, :func:`tune_cell`
    over-predicted the draft model by 10-30% on the Qwen pair, docs/log 2026-12-06);
 3. measures the best predicted candidates, the best one with the adaptive fallback, and plain
    decoding again, interleaved, and recommends the fastest measured, in either round, among those
-   whose speedup over plain decoding (of the same round) is above 1 with 95% confidence (a paired
-   t interval over the prompts, :func:`jspec.analysis.bench.speedup_interval`); plain decoding when
-   none is (speculation must never make a user slower, and a point estimate from a few prompts
-   swings by +-20% here). A probe is as good a measurement as a candidate of the second round (same
-   prompts, paired with plain decoding run beside it), and the prediction that ranks the second
-   round can be wrong by 10-15% (Qwen 1.5B on MT-bench, docs/log 2026-12-05). Each setting is
-   tested at 95% alone, not as a family: with k settings truly no faster than plain decoding, the
-   chance that one passes is at most k * 2.5%.
+   whose speedup over plain decoding (paired with plain decoding's runs of the same round) is above 1
+   with 95% confidence (a t interval over the prompts at matched answer lengths,
+   :func:`jspec.analysis.bench.speedup_interval`); plain decoding when none is (speculation must never
+   make a user slower, and a point estimate from a few prompts swings by +-20% here). A probe is as
+   good a measurement as a candidate of the second round (same prompts, paired with plain decoding
+   run beside it), and the prediction that ranks the second round can be wrong by 10-15% (Qwen 1.5B
+   on MT-bench, docs/log 2026-12-05). A probe measured again in the second round is judged on both
+   rounds' runs together, grouped by prompt: one test on twice the runs, not two chances to pass
+   (Qwen RAG T = 1: 1.010-1.171 in one round, 0.960-1.224 in the other, docs/log 2026-12-07). Each
+   setting is tested at 95% alone, not as a family: with k settings truly no faster than plain
+   decoding, the chance that one passes is at most k * 2.5%.
 
 Each round can keep a journal (``journals``): a tune killed midway (a Qwen 1.5B tune on long prompts
 takes 1.5 h on a CPU) runs again only the prompts its rounds lack.
@@ -195,7 +198,7 @@ def tune_cell(target, eos, prompt_ids, *, temperature: float, batch: int, profil
     for name, entry in second.items():
         _measured(rows[name], entry, second[PLAIN.name], "verify")
 
-    top = pick([r for r in rows.values() if "measured_speedup" in r])  # both rounds; a row keeps its latest
+    top = pick([r for r in rows.values() if "measured_speedup" in r])  # both rounds; a row measured twice pools them
     rec = Recommendation(band_of(temperature), batch, top["setting"], float(temperature),
                          top["measured_speedup"], top["predicted_speedup"], tuple(top["speedup_interval"]))  # fmt: skip
     table = [{k: v for k, v in r.items() if k != "setting"} | {"temperature": float(temperature), "batch": batch,
@@ -221,11 +224,23 @@ def _width_of(setting: Setting, first: dict) -> int:
 
 
 def _measured(row: dict, entry: dict, plain: dict, stage: str) -> None:
-    if row.get("round") == "probe":  # measured again: the row reports the latest, and keeps the probe's
+    """Fills ``row`` from a round's ``entry`` and plain decoding's ``plain`` beside it. A row measured in
+    both rounds reports the speedup and interval of both rounds' runs pooled (grouped by prompt),
+    the rest of the latest, and keeps the probe round's figures (``probe_round``); ``batches``
+    keeps each round's tokens and seconds per prompt, the entry's and plain decoding's."""
+    runs = {k: {"batch_tokens": e["batch_tokens"], "batch_seconds": e["batch_seconds"]}
+            for k, e in (("entry", entry), ("plain", plain))}  # fmt: skip
+    batches = row.get("batches", {}) | {stage: runs}
+    if row.get("round") == "probe":  # measured again: the row keeps the probe's figures
         row["probe_round"] = {k: row[k] for k in ("measured_speedup", "speedup_interval", "tau", "tokens_per_s")}
+    pooled = {k: {f: [x for r in batches.values() for x in r[k][f]] for f in ("batch_tokens", "batch_seconds")}
+              for k in ("entry", "plain")}  # fmt: skip
+    groups = [i for r in batches.values() for i in range(len(r["entry"]["batch_tokens"]))]
     row |= {
-        "measured_speedup": speedup(entry, plain),  # at matched answer lengths
-        "speedup_interval": list(speedup_interval(entry, plain, LEVEL)),
+        "measured_speedup": speedup(pooled["entry"], pooled["plain"]),  # at matched answer lengths
+        "speedup_interval": list(speedup_interval(pooled["entry"], pooled["plain"], LEVEL, groups)),
+        "rounds_pooled": len(batches),
+        "batches": batches,
         "prompts": len(entry["batch_tokens"]),
         "tokens_per_s": entry["tokens_per_s"],
         "tau": entry["tau"],
