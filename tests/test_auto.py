@@ -220,6 +220,17 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     moved, p_moved = matched_seconds(run, plain)
     # The others took 1 s less than plain at 48 tokens, this one 9 s less at 10: 38 tokens cost 8 s.
     assert p_moved.tolist() == plain["batch_seconds"] and moved.tolist() == pytest.approx([10.0, 11.0, 4.0 + 8.0])
+    # The tune's probe round of prompt lookup N = 7 on the Qwen pair, RAG T = 1 (8 prompts, 623b188's
+    # tuned_spec-bench_rag.json): fitted freely, the entry's own fixed time came out at -3.4 s and plain's
+    # cost at a third of its step, and without the first prompt below 0, so no decision; no time negative,
+    # an interval (negative control: the bounds off give (0, inf)).
+    probe = {
+        "batch_tokens": [32, 32, 29, 32, 18, 27, 18, 14],
+        "batch_seconds": [12.78, 12.79, 13.51, 12.69, 10.44, 10.9, 9.61, 10.01],
+    }
+    beside = {"batch_tokens": [32, 21, 32, 25, 32, 27, 30, 28],
+              "batch_seconds": [13.47, 12.28, 12.98, 11.04, 12.24, 11.78, 12.19, 12.5]}  # fmt: skip
+    assert speedup_interval(probe, beside) == pytest.approx((0.951, 1.104), abs=0.001)
     # Each always at one length of its own: no cost can be fitted, so no confidence either way.
     apart = {"batch_tokens": [40, 40, 40], "batch_seconds": [5.0, 6.0, 7.0]}
     assert matched_seconds(apart, plain) is None and speedup_interval(apart, plain) == (0.0, float("inf"))

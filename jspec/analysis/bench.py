@@ -229,7 +229,8 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     the time a ratio of rates then measures mostly how long the answers were (docs/log, 2026-12-07, RAG
     T = 1). Per batch i, ``seconds = prefill_i + cost_d * tokens`` for both decoders, ``entry`` with an
     extra fixed time of its own (a draft model's prefill); the difference of the two runs, fitted by
-    least squares over the batches, gives each decoder's cost per token, and each run is moved along its
+    least squares over the batches with no time negative, gives each decoder's cost per token, and each
+    run is moved along its
     cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from
     the fixed times (one decoder always ran to the same length), the other is moved to its length.
     Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
@@ -246,12 +247,18 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     if np.array_equal(tokens, p_tokens):
         return seconds, p_seconds
     design = np.column_stack([np.ones_like(tokens), tokens, -p_tokens])
-    fit = np.linalg.lstsq(design, seconds - p_seconds, rcond=None)[0]
     # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
     known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
     if known.all():
+        from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
+
+        # No time is negative: not the entry's own fixed time (it runs the target's prefill and maybe its
+        # own), nor a cost. Unbounded, 8 prompts of prompt lookup fitted -3.4 s and plain 0.058 s a token
+        # (a third of its step), and left out one prompt, a cost below 0 (docs/log, 2026-12-07).
+        fit = lsq_linear(design, seconds - p_seconds, bounds=(0.0, np.inf)).x
         common = (tokens + p_tokens) / 2
-    elif known.any():
+    elif known.any():  # the fixed times and the other cost merge into one term, of either sign
+        fit = np.linalg.lstsq(design, seconds - p_seconds, rcond=None)[0]
         common = p_tokens if known[0] else tokens
     else:
         return None
