@@ -220,10 +220,11 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     moved, p_moved = matched_seconds(run, plain)
     # The others took 1 s less than plain at 48 tokens, this one 9 s less at 10: 38 tokens cost 8 s.
     assert p_moved.tolist() == plain["batch_seconds"] and moved.tolist() == pytest.approx([10.0, 11.0, 4.0 + 8.0])
-    # The tune's probe round of prompt lookup N = 7 on the Qwen pair, RAG T = 1 (8 prompts, 623b188's
-    # tuned_spec-bench_rag.json): fitted freely, the entry's own fixed time came out at -3.4 s and plain's
-    # cost at a third of its step, and without the first prompt below 0, so no decision; no time negative,
-    # an interval (negative control: the bounds off give (0, inf)).
+    # The tune's probe round of prompt lookup N = 7 on the Qwen pair, RAG T = 1 (8 prompts; its row's
+    # batches in experiments/results/auto_grid/qwen_v4_spec-bench_rag/tuned_spec-bench_rag.json): fitted
+    # freely, the entry's own fixed time came out at -3.4 s and plain's cost at a third of its step, and
+    # without the first prompt below 0, so no decision; with no time negative, an interval (negative
+    # control: the bounds off give (0, inf)).
     probe = {
         "batch_tokens": [32, 32, 29, 32, 18, 27, 18, 14],
         "batch_seconds": [12.78, 12.79, 13.51, 12.69, 10.44, 10.9, 9.61, 10.01],

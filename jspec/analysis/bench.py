@@ -230,9 +230,9 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     T = 1). Per batch i, ``seconds = prefill_i + cost_d * tokens`` for both decoders, ``entry`` with an
     extra fixed time of its own (a draft model's prefill); the difference of the two runs, fitted by
     least squares over the batches with no time negative, gives each decoder's cost per token, and each
-    run is moved along its
-    cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from
-    the fixed times (one decoder always ran to the same length), the other is moved to its length.
+    run is moved along its cost to the batch's common length, the mean of the two. Where one cost
+    cannot be told apart from the fixed times (one decoder always ran to the same length), the other
+    is moved to its length.
     Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
     counts its rows' tokens together: there the time follows its longest row, and the fit is rougher.
 
