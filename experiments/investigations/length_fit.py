@@ -14,7 +14,9 @@ decoders' runs at batch 1) and fits, by least squares over every (prompt, decode
 (the decoders named share the target's prefill, so leave out a draft model, whose own prefill differs).
 Reports the prefills, each decoder's cost per token and plain over it (the speedup per token), the
 speedup per request at the mean prefill and the mean answer, and the residual's SD. A point estimate:
-no interval.
+no interval. What the tuner, ``auto_cells.py`` and ``jspec bench`` report is the pairwise form with an
+interval, :func:`jspec.analysis.bench.speedup_interval` (:func:`jspec.analysis.bench.matched_seconds`);
+this script stays to read all of a journal's decoders in one fit.
 """
 
 from __future__ import annotations
