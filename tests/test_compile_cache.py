@@ -1,6 +1,7 @@
 """The persistent compilation cache: loops are kept and found again, a bad entry or folder costs a warning."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -37,7 +38,9 @@ print(json.dumps({"folder": str(folder), "hits": len(hits), "entries": len(entri
 
 
 def _rounds(tmp_path, actions: str, cache: str) -> tuple[list[dict], list[str]]:
-    env = {"JSPEC_XLA_CACHE": cache, "JSPEC_CACHE": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    # conftest's XLA_FLAGS: each round compiles in less time, and every round the same programs.
+    env = {"JSPEC_XLA_CACHE": cache, "JSPEC_CACHE": str(tmp_path / "home"), "PATH": "/usr/bin:/bin",
+           "XLA_FLAGS": os.environ["XLA_FLAGS"]}  # fmt: skip
     rounds, errs = [], []
     for action in actions.split(","):
         proc = subprocess.run([sys.executable, "-c", ROUNDS, action], capture_output=True, text=True, env=env,
