@@ -179,15 +179,16 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     assert speedup_interval(one, one | {"batch_seconds": [1.0]}) == (0.0, float("inf"))  # one prompt: no confidence
 
 
-def _sampled_runs(rng, prompts: int, cost: float, plain_cost: float = 0.18, extra: float = 1.0):
+def _sampled_runs(rng, prompts: int, cost: float, plain_cost: float = 0.18, extra: float = 1.0, prefill=(7, 10),
+                  stop: float = 1 / 30, noise: float = 0.3):  # fmt: skip
     """Made-up paired runs as a sampled RAG cell has them: a prefill of 7-10 s a prompt (about 48
-    tokens' time), answers ending at lengths drawn alike for both decoders but apart (capped at 48),
-    ``extra`` fixed seconds for the entry (a draft model's prefill), noise of 0.3 s; and the entry's
-    true speedup at the pairs' mean lengths."""
-    prefill = rng.uniform(7, 10, prompts)
-    tokens, p_tokens = (np.minimum(rng.geometric(1 / 30, prompts), 48).astype(float) for _ in range(2))
-    seconds = prefill + extra + cost * tokens + rng.normal(0, 0.3, prompts)
-    p_seconds = prefill + plain_cost * p_tokens + rng.normal(0, 0.3, prompts)
+    tokens' time), answers ending at lengths drawn alike for both decoders but apart (each token ends
+    one with probability ``stop``, capped at 48), ``extra`` fixed seconds for the entry (a draft model's
+    prefill), noise of 0.3 s; and the entry's true speedup at the pairs' mean lengths."""
+    prefill = rng.uniform(*prefill, prompts)
+    tokens, p_tokens = (np.minimum(rng.geometric(stop, prompts), 48).astype(float) for _ in range(2))
+    seconds = prefill + extra + cost * tokens + rng.normal(0, noise, prompts)
+    p_seconds = prefill + plain_cost * p_tokens + rng.normal(0, noise, prompts)
     common = (tokens + p_tokens) / 2
     truth = np.exp(np.log((prefill + plain_cost * common) / (prefill + extra + cost * common)).mean())
     run, plain = ({"batch_tokens": n.tolist(), "batch_seconds": s.tolist(), "tokens_per_s": n.sum() / s.sum()}
@@ -215,11 +216,18 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     assert [s.tolist() for s in matched_seconds(same, same | {"batch_seconds": [2.0, 3.0]})] == [[1.0, 2.0], [2.0, 3.0]]
     # One prompt ended early for the entry alone: plain's cost is not told apart from the prefill, the
     # entry is moved to plain's length (its cost known from that prompt).
-    run = {"batch_tokens": [48, 48, 10], "batch_seconds": [10.0, 11.0, 4.0]}
-    plain = {"batch_tokens": [48, 48, 48], "batch_seconds": [11.0, 12.0, 13.0]}
+    run = {"batch_tokens": [48, 48, 10], "batch_seconds": [20.0, 21.0, 12.0]}
+    plain = {"batch_tokens": [48, 48, 48], "batch_seconds": [21.0, 22.0, 23.0]}
     moved, p_moved = matched_seconds(run, plain)
-    # The others took 1 s less than plain at 48 tokens, this one 9 s less at 10: 38 tokens cost 8 s.
-    assert p_moved.tolist() == plain["batch_seconds"] and moved.tolist() == pytest.approx([10.0, 11.0, 4.0 + 8.0])
+    # The others took 1 s less than plain at 48 tokens, this one 11 s less at 10: 38 tokens cost 10 s.
+    assert p_moved.tolist() == plain["batch_seconds"] and moved.tolist() == pytest.approx([20.0, 21.0, 12.0 + 10.0])
+    # No cost above a run's own seconds per token: 8 s for 38 tokens would leave the first prompt's
+    # prefill below 0 (10 s for 48 tokens), so the cost stops at 10/48 s (and plain's prefill, not below
+    # 0 either, holds it a little under).
+    moved, _ = matched_seconds(
+        run | {"batch_seconds": [10.0, 11.0, 4.0]}, plain | {"batch_seconds": [11.0, 12.0, 13.0]}
+    )
+    assert 4.0 + 38 * 0.2 < moved[2] <= 4.0 + 38 * 10 / 48
     # The tune's probe round of prompt lookup N = 7 on the Qwen pair, RAG T = 1 (8 prompts; its row's
     # batches in experiments/results/auto_grid/qwen_v4_spec-bench_rag/tuned_spec-bench_rag.json): fitted
     # freely, the entry's own fixed time came out at -3.4 s and plain's cost at a third of its step, and
@@ -235,6 +243,40 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     # Each always at one length of its own: no cost can be fitted, so no confidence either way.
     apart = {"batch_tokens": [40, 40, 40], "batch_seconds": [5.0, 6.0, 7.0]}
     assert matched_seconds(apart, plain) is None and speedup_interval(apart, plain) == (0.0, float("inf"))
+
+
+def test_a_cost_told_apart_by_one_prompt_still_gives_an_interval():
+    """SmolLM2, HumanEval T = 1 (experiments/results/auto_grid/smollm2_v4): prompt lookup N = 7 ran every
+    prompt to the cap, plain decoding all but one (42 tokens). Plain's cost is told apart by that prompt
+    alone; fitted freely it came out at -0.04 s a token, in the whole fit and in the 23 leave-one-out
+    fits that keep that prompt, and the cell had no interval (negative control: the code before this
+    test, 2026-12-07, gives (0, inf)). Kept at least 0, the interval is narrow, and it holds the
+    speedup of the 23 prompts of equal lengths."""
+    from jspec.analysis.bench import speedup, speedup_interval
+
+    plain = {"batch_tokens": [48] * 13 + [42] + [48] * 10,
+             "batch_seconds": [1.057, 0.983, 0.957, 0.973, 0.997, 1.034, 0.99, 1.028, 1.068, 1.175, 1.147, 0.985,
+                               0.99, 0.907, 1.041, 0.977, 1.039, 1.151, 1.17, 1.095, 1.124, 1.015, 0.973,
+                               0.99]}  # fmt: skip
+    lookup = {"batch_tokens": [48] * 24,
+              "batch_seconds": [0.735, 1.027, 0.914, 0.797, 0.886, 1.013, 1.056, 1.071, 0.823, 1.04, 0.94, 0.912,
+                                0.951, 0.565, 0.952, 0.952, 1.092, 1.102, 0.811, 0.954, 0.928, 1.019, 0.799,
+                                0.903]}  # fmt: skip
+    lo, hi = speedup_interval(lookup, plain)
+    equal = [i != 13 for i in range(24)]
+    alike = np.exp(np.log(np.divide(plain["batch_seconds"], lookup["batch_seconds"])[equal]).mean())
+    assert 1.0 < lo < alike < hi < lo * 1.15 and lo < speedup(lookup, plain) < hi
+    # Made-up cells where most answers reach the cap (SmolLM2-like: 0.05-0.2 s of prefill, 0.021 and 0.018
+    # s a token, 11% of answers end early): every interval decided, and nearly all hold the truth.
+    rng = np.random.default_rng(0)
+    held = 0
+    for _ in range(40):
+        run, plain, truth = _sampled_runs(rng, 24, cost=0.018, plain_cost=0.021, extra=0.0, prefill=(0.05, 0.2),
+                                          stop=1 / 400, noise=0.03)  # fmt: skip
+        lo, hi = speedup_interval(run, plain)
+        assert hi < float("inf")
+        held += lo <= truth <= hi
+    assert held >= 36
 
 
 def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not(target, monkeypatch):

@@ -229,16 +229,20 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     the time a ratio of rates then measures mostly how long the answers were (docs/log, 2026-12-07, RAG
     T = 1). Per batch i, ``seconds = prefill_i + cost_d * tokens`` for both decoders, ``entry`` with an
     extra fixed time of its own (a draft model's prefill); the difference of the two runs, fitted by
-    least squares over the batches with no time negative, gives each decoder's cost per token, and each
-    run is moved along its cost to the batch's common length, the mean of the two. Where one cost
-    cannot be told apart from the fixed times (one decoder always ran to the same length), the other
-    is moved to its length.
+    least squares over the batches, gives each decoder's cost per token, and each run is moved along its
+    cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from the
+    fixed times (one decoder always ran to the same length), the other is moved to its length.
+
+    The fit keeps every time physical: no fixed time or cost below 0, and no cost above a run's own
+    seconds per token (its prefill is not negative). A cost told apart by one or two prompts alone is
+    noisy; unbounded, such fits came out below 0, and each run of plain decoding's one early stop left
+    a whole interval undecided (docs/log, 2026-12-07, SmolLM2 HumanEval T = 1).
     Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
     counts its rows' tokens together: there the time follows its longest row, and the fit is rougher.
 
     Returns:
-      (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and
-      the costs cannot be fitted (both ran to one length each, or a cost came out not positive).
+      (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and no
+      cost can be fitted (each decoder always ran to one length of its own).
     """
     tokens, seconds = np.asarray(entry["batch_tokens"], float), np.asarray(entry["batch_seconds"], float)
     p_tokens, p_seconds = np.asarray(plain["batch_tokens"], float), np.asarray(plain["batch_seconds"], float)
@@ -249,22 +253,21 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
     design = np.column_stack([np.ones_like(tokens), tokens, -p_tokens])
     # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
     known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
-    if known.all():
-        from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
+    if not known.any():
+        return None
+    from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
 
-        # No time is negative: not the entry's own fixed time (it runs the target's prefill and maybe its
-        # own), nor a cost. Unbounded, 8 prompts of prompt lookup fitted -3.4 s and plain 0.058 s a token
-        # (a third of its step), and left out one prompt, a cost below 0 (docs/log, 2026-12-07).
-        fit = lsq_linear(design, seconds - p_seconds, bounds=(0.0, np.inf)).x
-        common = (tokens + p_tokens) / 2
-    elif known.any():  # the fixed times and the other cost merge into one term, of either sign
-        fit = np.linalg.lstsq(design, seconds - p_seconds, rcond=None)[0]
-        common = p_tokens if known[0] else tokens
-    else:
-        return None
-    cost, p_cost = fit[1] if known[0] else 0.0, fit[2] if known[1] else 0.0
-    if (known[0] and cost <= 0) or (known[1] and p_cost <= 0):
-        return None
+    top = [float(np.min(s[n > 0] / n[n > 0])) for s, n in ((seconds, tokens), (p_seconds, p_tokens))]
+    # The first column is the entry's own fixed time; where a cost is not told apart, it merges with
+    # it: f + cost * T for the entry's (from 0 up), f - cost * T for plain's (from -top * T up).
+    low = 0.0 if known[1] else -top[1] * float(p_tokens[0])
+    columns = [0] + [1 + i for i in range(2) if known[i]]
+    fit = lsq_linear(design[:, columns], seconds - p_seconds,
+                     bounds=([low] + [0.0] * (len(columns) - 1), [np.inf] + [top[i] for i in range(2) if known[i]]),
+                     method="bvls").x  # fmt: skip
+    costs = dict(zip(columns[1:], fit[1:], strict=True))
+    cost, p_cost = costs.get(1, 0.0), costs.get(2, 0.0)
+    common = (tokens + p_tokens) / 2 if known.all() else (p_tokens if known[0] else tokens)
     moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
     return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
 
