@@ -12,8 +12,10 @@ def xla_flags(devices: int = 1) -> str:
     level 0 a tiny model's engine test compiled and ran in 11.5 s against 18.0 s, a SmolLM2 prompt
     lookup test in 22.3 s against 26.6 s (docs/log, make test at XLA's level 0). Without the MLIR
     fusion emitters a tiny model's plain, prompt lookup and draft model loops compiled in 3.8-4.1 s
-    against 5.8-6.3 s (docs/log, make test without the fusion emitters). The programs are the same
-    HLO; only the machine code differs. Users run XLA's defaults.
+    against 5.8-6.3 s; SmolLM2's compile slower (12.7-17.3 s against 10.9 s), and the suite took 0.70
+    of its time (docs/log, make test without the fusion emitters;
+    experiments/investigations/xla_compile_flags.py). The programs are the same HLO; only the machine
+    code differs. Users run XLA's defaults.
     """
     return (
         f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
