@@ -354,3 +354,17 @@ def test_length_fit_recovers_costs_per_token_that_a_rate_ratio_mistakes_for_leng
     assert abs(statistics.geometric_mean(rates) / 1.25 - 1) > 0.1  # the cell's estimate: off by ~20%
     with pytest.raises(SystemExit, match="no runs of draft:N=4"):
         _load("length_fit").main([str(journal), "--decoders", "ar,draft:N=4", "--out", str(tmp_path / "x.json")])
+
+
+@pytest.mark.slow  # 10 s: two processes compile; the flags the tests use are checked by the suite running
+def test_xla_compile_flags_reports_each_loop_per_flag_set(tmp_path):
+    """One fresh process per flag set (the tiny model's plain, prompt lookup and draft model loops, each
+    checked against plain tokens): compile seconds per loop recorded; a flag XLA does not know fails by name."""
+    flags = _load("xla_compile_flags")
+    report = flags.main(["--repeats", "1", "--flags=--xla_cpu_use_fusion_emitters=false", "--out",
+                         str(tmp_path / "flags.json")])  # fmt: skip
+    (run,) = report["runs"]
+    assert run["flags"] == "--xla_cpu_use_fusion_emitters=false" and run["backend_compile_duration"] > 0
+    assert run["jit(plain_loop)"] > 0 and run["jit(speculative_loop)"] > 0
+    with pytest.raises(SystemExit, match="--xla_no_such_flag"):
+        flags.main(["--repeats", "1", "--flags=--xla_no_such_flag=1"])
