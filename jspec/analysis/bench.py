@@ -235,8 +235,8 @@ def matched_seconds(entry: Mapping, plain: Mapping) -> tuple[np.ndarray, np.ndar
 
     The fit keeps every time physical: no fixed time or cost below 0, and no cost above a run's own
     seconds per token (its prefill is not negative). A cost told apart by one or two prompts alone is
-    noisy; unbounded, such fits came out below 0, and each run of plain decoding's one early stop left
-    a whole interval undecided (docs/log, 2026-12-07, SmolLM2 HumanEval T = 1).
+    noisy: fitted freely, plain decoding's cost came out below 0 where it stopped early on one prompt
+    of 24, and the cell had no interval (docs/log, 2026-12-07, SmolLM2 HumanEval T = 1).
     Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
     counts its rows' tokens together: there the time follows its longest row, and the fit is rougher.
 
