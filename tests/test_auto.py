@@ -181,8 +181,8 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
 
 def _sampled_runs(rng, prompts: int, cost: float, plain_cost: float = 0.18, extra: float = 1.0, prefill=(7, 10),
                   stop: float = 1 / 30, noise: float = 0.3):  # fmt: skip
-    """Made-up paired runs as a sampled RAG cell has them: a prefill of 7-10 s a prompt (about 48
-    tokens' time), answers ending at lengths drawn alike for both decoders but apart (each token ends
+    """Made-up paired runs, by default as a sampled RAG cell has them: a prefill of 7-10 s a prompt (about
+    48 tokens' time), answers ending at lengths drawn alike for both decoders but apart (each token ends
     one with probability ``stop``, capped at 48), ``extra`` fixed seconds for the entry (a draft model's
     prefill), noise of 0.3 s; and the entry's true speedup at the pairs' mean lengths."""
     prefill = rng.uniform(*prefill, prompts)
