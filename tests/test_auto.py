@@ -279,6 +279,53 @@ def test_a_cost_told_apart_by_one_prompt_still_gives_an_interval():
     assert held >= 36
 
 
+def test_costs_bounded_but_not_told_apart_give_an_interval_spanning_both():
+    """Both decoders ended early on the same single prompt, every other prompt at the cap: neither cost is
+    told apart from the fixed times, only a combination of the two, and the costs along a segment fit
+    alike. The interval spans the two ends' (negative control: the code before this test, 2026-12-07,
+    gives (0, inf) for every one of the made-up cells)."""
+    from jspec.analysis.bench import matched_seconds, speedup, speedup_interval
+
+    # Prefills 1, 2 and 1.5 s; 0.1 s a token for the entry, 0.2 for plain; no noise. The fit fixes
+    # f + 48 c - 48 c' and f + 10 c - 20 c', a line of (f, c, c'); the truth (f = 0) is its end where
+    # the entry's cost is lowest, since f cannot go below 0.
+    run = {"batch_tokens": [48, 48, 10], "batch_seconds": [5.8, 6.8, 2.5]}
+    plain = {"batch_tokens": [48, 48, 20], "batch_seconds": [10.6, 11.6, 5.5]}
+    low, high, middle = (matched_seconds(run, plain, end) for end in ("low", "high", None))
+    assert low[0].tolist() == pytest.approx([5.8, 6.8, 3.0]) and low[1].tolist() == pytest.approx([10.6, 11.6, 4.5])
+    # The other end: plain's cost at its bound (10.6 s for 48 tokens: the first prompt's prefill at 0), the
+    # entry's 28/38 of its rise along the line.
+    p_cost = 10.6 / 48
+    cost = 0.1 + (p_cost - 0.2) * 28 / 38
+    assert high[1][2] == pytest.approx(5.5 - 5 * p_cost) and high[0][2] == pytest.approx(2.5 + 5 * cost)
+    assert low[0][2] < middle[0][2] < high[0][2] and middle[1][2] == pytest.approx((low[1][2] + high[1][2]) / 2)
+    assert speedup(run, plain) == pytest.approx(middle[1].sum() / middle[0].sum())
+    with pytest.raises(ValueError, match="end is 'low', 'high' or None"):
+        matched_seconds(run, plain, "lowest")
+    # Made-up cells, SmolLM2-like (0.05-0.2 s of prefill, 0.018 and 0.021 s a token), both ending early on
+    # one prompt: every interval decided, nearly all holding the truth.
+    rng = np.random.default_rng(0)
+    held = 0
+    for _ in range(30):
+        prefill = rng.uniform(0.05, 0.2, 24)
+        tokens, p_tokens = np.full(24, 48.0), np.full(24, 48.0)
+        k = rng.integers(24)
+        tokens[k], p_tokens[k] = rng.choice(np.arange(5, 45), 2, replace=False)
+        seconds, p_seconds = (
+            prefill + c * n + rng.normal(0, 0.03, 24) for c, n in ((0.018, tokens), (0.021, p_tokens))
+        )
+        run, plain = (
+            {"batch_tokens": tokens, "batch_seconds": seconds},
+            {"batch_tokens": p_tokens, "batch_seconds": p_seconds},
+        )
+        common = (tokens + p_tokens) / 2
+        truth = np.exp(np.log((prefill + 0.021 * common) / (prefill + 0.018 * common)).mean())
+        lo, hi = speedup_interval(run, plain)
+        assert lo > 0.0 and hi < float("inf") and hi / lo < 1.2
+        held += lo <= truth <= hi
+    assert held >= 27
+
+
 def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not(target, monkeypatch):
     """The probe round is a paired measurement like the second round: when the best predicted
     setting, measured after it, is not faster with confidence, a probe that was is recommended
