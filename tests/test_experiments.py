@@ -28,6 +28,7 @@ def test_bench_spec_tiny(tmp_path, smollm2):
     spec = results["humaneval|T=0.0|N=2"]
     assert spec["new_tokens"] == results["humaneval|T=0.0|ar"]["new_tokens"] == 8
     assert spec["predicted_speedup"] > 0 and spec["tau"] >= 1.0
+    assert spec["speedup_interval"] == [0.0, float("inf")]  # one prompt: no interval, and it says so
     assert (tmp_path / "bench_spec.json").exists()
 
 
@@ -191,6 +192,7 @@ def test_spec_bench_table_tiny(tmp_path, smollm2):
     report = module.main(["--tiny", "--out", str(tmp_path)])
     assert set(report["table"]) == {"T=0|qa|ar", "T=0|qa|ngram", "T=0|qa|lookahead"}
     assert "predicted" in report["table"]["T=0|qa|lookahead"]
+    assert report["table"]["T=0|qa|ngram"]["interval"] == [0.0, float("inf")]  # one prompt: no interval, said
     assert (tmp_path / "spec_bench_table.png").stat().st_size > 5_000
     assert "| lookahead |" in (tmp_path / "spec_bench_table.md").read_text()
 

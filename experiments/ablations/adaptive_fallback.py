@@ -12,8 +12,8 @@ for the overhead of the adaptive machinery, the same with speculation made free 
 speculates every step, like the fixed loop, and differs only by its bookkeeping). ``--forced-off`` adds
 the opposite: speculation made so dear that the loop never speculates nor probes (every step is the
 fallback: what falling back costs against plain decoding, and against fixed prompt lookup on
-prompts where it finds no match). Every speedup carries a 95% interval, paired over the prompts
-(:func:`jspec.analysis.bench.speedup_interval`). With
+prompts where it finds no match). Every speedup is paired over the prompts at matched answer lengths and
+carries a 95% interval (:func:`jspec.analysis.bench.speedup`, :func:`~jspec.analysis.bench.speedup_interval`). With
 ``--widths``, the EAGLE-3 head also runs with an adaptive draft length (the chain verified at one
 of those widths or the full N + 1 per step, from the head's confidence and the measured r(w)),
 beside fixed chains as long as each width.
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.core.sampling import SamplingParams
     from jspec.loop.adaptive import Adaptive, StepCosts
@@ -106,9 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
         for t in (float(x) for x in args.temperatures.split(",")):
             runs = run_interleaved(decoders, ids, args.max_new_tokens, SamplingParams.create(t))
-            base = runs["plain"]["tokens_per_s"]
-            for key, entry in runs.items():
-                entry["speedup"] = entry["tokens_per_s"] / base
+            for key, entry in runs.items():  # paired at matched lengths: the interval's own estimate
+                entry["speedup"] = speedup(entry, runs["plain"])
                 entry["speedup_interval"] = list(speedup_interval(entry, runs["plain"]))
                 results[f"{name}|T={t}|{key}"] = entry
                 extra = (
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
                 off, fixed = runs.get(f"{method} adaptive, forced off"), runs[f"{method} fixed"]
                 if off is not None:
                     lo, hi = speedup_interval(off, fixed)
-                    ratio = off["tokens_per_s"] / fixed["tokens_per_s"]
+                    ratio = speedup(off, fixed)
                     over_fixed[f"{name}|T={t}|{method}"] = {"ratio": ratio, "interval": [lo, hi]}
                     print(f"  {name} T={t} {method} forced off / fixed: {ratio:.3f}x ({lo:.3f}-{hi:.3f}); fixed "
                           f"drafted in {fixed['verify_steps']} of {fixed['verify_steps'] + fixed['plain_steps']} steps",

@@ -8,7 +8,8 @@ A grid point W:N:G is a window of W columns and N - 1 levels and G candidate n-g
 tokens verified per step, so one step's forward is 1 + G (N - 1) + W (N - 1) tokens. Prompt lookup
 drafts a tree of G continuations of N - 1 tokens (a chain when G = 1): the same verified width,
 without the window. Every decoder runs every prompt, taking turns prompt by prompt
-(:func:`jspec.analysis.bench.run_interleaved`).
+(:func:`jspec.analysis.bench.run_interleaved`); speedups are paired prompt by prompt at matched answer
+lengths, with a 95% interval (:func:`jspec.analysis.bench.speedup_interval`).
 
 The prediction: a decoder that takes v verify forwards of w tokens and p plain steps (prompt
 lookup finding nothing) for ``tokens`` new tokens runs at ``tokens / (v (r(w) + c) + p)`` of plain
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, two grid points (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.bench import forget_compiled, run_interleaved, speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.core.sampling import SamplingParams
     from jspec.drafters import LookaheadDecoding, PromptLookup
@@ -85,9 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
         ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])) for p in prompts]
         runs = run_interleaved(decoders, ids, args.max_new_tokens, sampling)
         forget_compiled(decoders.values())  # ~2,000 memory mappings per compiled loop
-        base = runs["plain"]["tokens_per_s"]
-        for name, entry in runs.items():
-            entry["speedup"] = entry["tokens_per_s"] / base
+        for name, entry in runs.items():  # paired prompt by prompt at matched lengths (sampled answers differ)
+            entry["speedup"] = speedup(entry, runs["plain"])
+            entry["speedup_interval"] = list(speedup_interval(entry, runs["plain"]))
             if name != "plain":
                 steps = entry["verify_steps"] + entry["plain_steps"]
                 r = forward_ms[widths[name]] / step
@@ -106,7 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if name != "plain"
                 else ""
             )
-            print(f"  {source:<10} {name:<18} tokens/step {tau:5.2f}  {entry['speedup']:.3f}x{pred}", file=sys.stderr)
+            lo, hi = entry["speedup_interval"]
+            print(f"  {source:<10} {name:<18} tokens/step {tau:5.2f}  {entry['speedup']:.3f}x "
+                  f"({lo:.3f}-{hi:.3f}){pred}", file=sys.stderr)  # fmt: skip
     report = {
         "model": args.model,
         "temperature": args.temperature,

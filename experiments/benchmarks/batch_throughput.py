@@ -18,6 +18,11 @@ and, past some B, it loses. The prefill, the same for every decoder, pulls the m
 at B = 32 here the prompts pad to 256 tokens and it was 64% of plain decoding's time for 48 new tokens.
 A drafter's own start over the prompt (EAGLE-3's head) is not in F_B.
 
+``speedup`` here is a ratio of throughputs, the batch's new tokens per second, which is what a server at
+batch B buys; unlike the per-prompt benchmarks (:func:`jspec.analysis.bench.speedup`, paired at matched
+lengths) it is one batch a cell, so it has no interval, and at T = 1 the decoders' answers differ in length
+(each cell keeps its ``new_tokens``).
+
 Writes ``batch_throughput.json`` and ``batch_throughput.png`` to --out after every batch size (a run
 stopped before the largest keeps what it measured).
 """

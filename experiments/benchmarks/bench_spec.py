@@ -20,6 +20,10 @@ in its own subprocess per engine:
   ``generate`` plain, with ``assistant_model`` (a constant ``N`` draft tokens)
   or with ``prompt_lookup_num_tokens=N``.
 
+Speedups over plain decoding, for both engines, are paired prompt by prompt at matched answer lengths
+with a 95% interval (:func:`jspec.analysis.bench.speedup`, :func:`~jspec.analysis.bench.speedup_interval`):
+sampled answers differ in length, and a ratio of rates then also measures how long they were.
+
 First turns of MT-bench and HumanEval prompts, each with the chat template.
 Writes ``bench_spec.json`` to --out and prints the tables the log (docs/log/) keeps.
 """
@@ -68,7 +72,7 @@ def _prompt_ids(tokenizer, prompt_sets: list[str], limit: int) -> dict[str, list
 def worker_jspec(setup: dict, args) -> dict:
     import jax
 
-    from jspec.analysis.bench import predicted_seconds, run_interleaved, run_prompts
+    from jspec.analysis.bench import predicted_seconds, run_interleaved, run_prompts, speedup, speedup_interval
     from jspec.core.sampling import SamplingParams
     from jspec.drafters import DraftModel, PromptLookup
     from jspec.loop.decode import Decoder
@@ -174,9 +178,15 @@ def worker_jspec(setup: dict, args) -> dict:
                 step_s = ar["step_ms"] / 1000
                 pred = predicted_seconds(e, step_s, ar["prefill_seconds"], relative, du, pu, fu, widths[key])
                 e["width"] = widths[key]
-                e["speedup"] = e["tokens_per_s"] / ar["tokens_per_s"]
+                # Paired prompt by prompt at matched answer lengths, not a ratio of rates (sampled
+                # answers differ in length, and the prefill does not scale with it).
+                e["speedup"] = speedup(e, ar)
+                e["speedup_interval"] = list(speedup_interval(e, ar))
                 e["predicted_seconds"] = pred
-                e["predicted_speedup"] = (e["new_tokens"] / pred) / ar["tokens_per_s"]
+                # Plain decoding's measured time moved along its step to this run's length, over the
+                # prediction for the same length.
+                ar_seconds = ar["seconds"] + step_s * (e["new_tokens"] - ar["new_tokens"])
+                e["predicted_speedup"] = ar_seconds / pred
                 # Where the time went, from the costs measured alone: drafting, verifying, the rest.
                 e["breakdown_s"] = {
                     "prefill": ar["prefill_seconds"],
@@ -188,7 +198,7 @@ def worker_jspec(setup: dict, args) -> dict:
                 results[f"{name}|T={t}|{key}"] = e
                 print(
                     f"  {name} T={t} {key}: tau {e['tau']:.2f}, {e['tokens_per_s']:.2f} tokens/s, "
-                    f"speedup {e['speedup']:.2f} (predicted {e['predicted_speedup']:.2f}), "
+                    f"speedup {e['speedup']:.2f} ({_interval(e)}; predicted {e['predicted_speedup']:.2f}), "
                     f"plain steps {e['plain_steps']}/{e['plain_steps'] + e['verify_steps']}",
                     file=sys.stderr,
                 )
@@ -200,6 +210,7 @@ def worker_hf(setup: dict, args) -> dict:
     import torch
     import transformers
 
+    from jspec.analysis.bench import speedup, speedup_interval
     from jspec.models.hub import ensure_gguf, fetch
     from jspec.models.tokenizer import TextTokenizer
 
@@ -242,20 +253,26 @@ def worker_hf(setup: dict, args) -> dict:
     results = {}
     for name, prompt_ids in ids.items():
         for t in floats(args.hf_temperatures or args.temperatures):
-            sums = {n: [0, 0.0] for n in grid}
+            runs = {n: ([], []) for n in grid}  # per prompt: new tokens, seconds
             for i, p in enumerate(prompt_ids):  # plain and every N take turns, as in the jspec worker
                 for n in grid:
                     new, seconds = run(p, args.seed + i, t, n)
-                    sums[n][0] += new
-                    sums[n][1] += seconds
-            ar = {"new_tokens": sums[0][0], "seconds": sums[0][1], "tokens_per_s": sums[0][0] / sums[0][1]}
+                    runs[n][0].append(new)
+                    runs[n][1].append(seconds)
+            entries = {
+                n: {"new_tokens": sum(tokens), "seconds": sum(seconds), "tokens_per_s": sum(tokens) / sum(seconds),
+                    "batch_tokens": tokens, "batch_seconds": seconds}
+                for n, (tokens, seconds) in runs.items()
+            }  # fmt: skip
+            ar = entries[0]
             results[f"{name}|T={t}|ar"] = ar
             print(f"  transformers {name} T={t} ar: {ar['tokens_per_s']:.2f} tokens/s", file=sys.stderr)
-            for n in grid[1:]:
-                e = {"new_tokens": sums[n][0], "seconds": sums[n][1], "tokens_per_s": sums[n][0] / sums[n][1]}
-                e |= {"num_draft": n, "speedup": e["tokens_per_s"] / ar["tokens_per_s"]}
+            for n in grid[1:]:  # measured as the jspec worker's are: paired, at matched lengths
+                e = entries[n] | {"num_draft": n, "speedup": speedup(entries[n], ar),
+                                  "speedup_interval": list(speedup_interval(entries[n], ar))}  # fmt: skip
                 results[f"{name}|T={t}|N={n}"] = e
-                print(f"  transformers {name} T={t} N={n}: speedup {e['speedup']:.2f}", file=sys.stderr)
+                print(f"  transformers {name} T={t} N={n}: speedup {e['speedup']:.2f} ({_interval(e)})",
+                      file=sys.stderr)  # fmt: skip
     out["results"] = results
     return out
 
@@ -268,9 +285,15 @@ def _run_worker(kind: str, setup_name: str, argv: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _interval(entry: dict) -> str:
+    """A speedup's 95% interval as the tables print it (runs recorded before it was kept have none)."""
+    low, high = entry.get("speedup_interval", (float("nan"),) * 2)
+    return f"{low:.2f}-{high:.2f}x"
+
+
 def _table(setup_name: str, jspec: dict, hf: dict | None) -> str:
     lines = [
-        f"{setup_name}: prompts | T | N | τ | tokens/s | speedup | predicted | transformers speedup",
+        f"{setup_name}: prompts | T | N | τ | tokens/s | speedup (95%) | predicted | transformers speedup (95%)",
         "|---|---|---|---|---|---|---|---|",
     ]
     for key, e in jspec["results"].items():
@@ -279,13 +302,14 @@ def _table(setup_name: str, jspec: dict, hf: dict | None) -> str:
         if hf_e is None:
             hf_cell = ""
         else:
-            hf_cell = f"{hf_e['tokens_per_s']:.2f} tok/s" if n == "ar" else f"{hf_e['speedup']:.2f}x"
+            hf_cell = (f"{hf_e['tokens_per_s']:.2f} tok/s" if n == "ar"
+                       else f"{hf_e['speedup']:.2f}x ({_interval(hf_e)})")  # fmt: skip
         if n == "ar":
             lines.append(f"| {name} | {t[2:]} | plain | 1 | {e['tokens_per_s']:.2f} | 1 | - | {hf_cell} |")
         else:
             lines.append(
                 f"| {name} | {t[2:]} | {n[2:] if n.startswith('N=') else n} | {e['tau']:.2f} | {e['tokens_per_s']:.2f} "
-                f"| {e['speedup']:.2f}x "
+                f"| {e['speedup']:.2f}x ({_interval(e)}) "
                 f"| {e['predicted_speedup']:.2f}x | {hf_cell} |"
             )
     return "\n".join(lines)

@@ -14,7 +14,9 @@ shipped EAGLE-3 head (eagle3), Medusa or EAGLE-1 heads (medusa, eagle1, with ``-
 trained ones exist; none ships), Lookahead decoding (lookahead) and ``--method auto`` (the config
 tuned for that category's prompts where ``jspec tune`` made one, else the model's latest).
 
-Beside each measured speedup over plain decoding, the cost model's: a run of ``tokens`` new tokens
+Each speedup over plain decoding is paired prompt by prompt at matched answer lengths, with its 95%
+interval (:func:`jspec.analysis.bench.speedup_interval`; sampled answers differ in length). Beside it,
+the cost model's, for the decoding loop alone (no prefill): a run of ``tokens`` new tokens
 in v verify steps of w tokens and p plain steps runs at ``tokens / (v (r(w) + c) + p)`` of plain
 decoding's speed, with r(w) and c (the drafter's propose and commit over a plain step) measured
 at the start (:mod:`jspec.tune.costs`); auto's setting varies per call, so it has none.
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--methods must start with ar: speedups are over plain decoding.")
     prompts = {c: category_prompts(c, args.limit) for c in categories}  # unknown categories refused first
 
-    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.bench import forget_compiled, run_interleaved, speedup, speedup_interval
     from jspec.core.sampling import SamplingParams
     from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model
@@ -112,10 +114,11 @@ def main(argv: list[str] | None = None) -> dict:
             if missing:  # auto without a tuned setting for this temperature band: said, not run
                 table[f"T={t:g}|{c}|auto"] = {"speedup": float("nan"), "tau": float("nan"), "error": missing}
                 print(f"  T={t:g} {c:<15} auto       not run: {missing}", file=sys.stderr)
-            base = runs["ar"]["tokens_per_s"]
+            base = runs["ar"]
             for m, entry in runs.items():
-                row = {"speedup": entry["tokens_per_s"] / base, "tau": entry["tau"],
-                       "tokens_per_s": entry["tokens_per_s"], "new_tokens": entry["new_tokens"]}  # fmt: skip
+                row = {"speedup": speedup(entry, base), "interval": list(speedup_interval(entry, base)),
+                       "tau": entry["tau"], "tokens_per_s": entry["tokens_per_s"],
+                       "new_tokens": entry["new_tokens"]}  # fmt: skip
                 if m in fixed:
                     cost = entry["verify_steps"] * (forward_ms[widths[m]] / step + units[m]) + entry["plain_steps"]
                     row["predicted"] = entry["new_tokens"] / cost
@@ -123,7 +126,9 @@ def main(argv: list[str] | None = None) -> dict:
                     row["setting"] = entry.get("setting")
                 table[f"T={t:g}|{c}|{m}"] = row
                 pred = f" (predicted {row['predicted']:.2f}x)" if "predicted" in row else ""
-                print(f"  T={t:g} {c:<15} {m:<10} {row['speedup']:.2f}x tau {row['tau']:.2f}{pred}", file=sys.stderr)
+                low, high = row["interval"]
+                print(f"  T={t:g} {c:<15} {m:<10} {row['speedup']:.2f}x ({low:.2f}-{high:.2f}) "
+                      f"tau {row['tau']:.2f}{pred}", file=sys.stderr)  # fmt: skip
         forget_compiled(decoders.values())  # ~2,000 memory mappings per compiled loop; a process may hold 65,530
     report = {
         "model": args.model,
@@ -169,10 +174,11 @@ def _overall(table, methods, categories, temperatures) -> dict:
 
 
 def markdown(report, methods, categories, temperatures) -> str:
-    """The table: one row per method and temperature, measured speedup (predicted) and tau per category."""
+    """The table: one row per method and temperature, measured speedup [95% interval] (predicted) and tau per
+    category."""
     lines = []
     for t in temperatures:
-        lines.append(f"\n**T = {t:g}** — speedup over plain (predicted), τ\n")
+        lines.append(f"\n**T = {t:g}** — speedup over plain [95% interval] (predicted), τ\n")
         lines.append("| method | " + " | ".join(categories) + " | overall |")
         lines.append("|---" * (len(categories) + 2) + "|")
         for m in methods:
@@ -183,7 +189,8 @@ def markdown(report, methods, categories, temperatures) -> str:
                     cells.append("n/a")
                     continue
                 pred = f" ({row['predicted']:.2f})" if "predicted" in row else ""
-                cells.append(f"{row['speedup']:.2f}x{pred}, {row['tau']:.2f}")
+                span = "[{:.2f}-{:.2f}]".format(*row["interval"]) if "interval" in row else ""
+                cells.append(f"{row['speedup']:.2f}x {span}{pred}, {row['tau']:.2f}")
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {report['overall'][f'T={t:g}|{m}']:.2f}x |")
     return "\n".join(lines) + "\n"
 
