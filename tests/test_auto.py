@@ -154,7 +154,7 @@ def test_plain_decoding_is_recommended_unless_a_drafter_is_faster_with_confidenc
     """A drafter faster on average but slower on some prompts is not measurably faster: plain wins.
     The same mean over more prompts that agree is (negative control: the point estimate alone
     would pick the first one too)."""
-    from jspec.analysis.bench import speedup_interval
+    from jspec.analysis.paired import speedup_interval
 
     plain = {"batch_tokens": [48] * 3, "batch_seconds": [1.0] * 3, "tokens_per_s": 48.0}
     swinging = {"batch_tokens": [48] * 3, "batch_seconds": [1 / 0.9, 1 / 1.25, 1 / 1.5]}  # 0.9x, 1.25x, 1.5x
@@ -201,7 +201,7 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     the lengths: the paired interval is taken at matched lengths, and holds the true speedup, narrowly,
     in 20 made-up cells of 24 prompts (negative control: the ratio of rates, each prompt's tokens
     over its seconds, misses it or spreads over tens of percent)."""
-    from jspec.analysis.bench import matched_seconds, speedup, speedup_interval
+    from jspec.analysis.paired import matched_seconds, speedup, speedup_interval
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -252,7 +252,7 @@ def test_a_cost_told_apart_by_one_prompt_still_gives_an_interval():
     fits that keep that prompt, and the cell had no interval (negative control: the code before this
     test, 2026-12-07, gives (0, inf)). Kept at least 0, the interval is narrow, and it holds the
     speedup of the 23 prompts of equal lengths."""
-    from jspec.analysis.bench import speedup, speedup_interval
+    from jspec.analysis.paired import speedup, speedup_interval
 
     plain = {"batch_tokens": [48] * 13 + [42] + [48] * 10,
              "batch_seconds": [1.057, 0.983, 0.957, 0.973, 0.997, 1.034, 0.99, 1.028, 1.068, 1.175, 1.147, 0.985,
@@ -284,7 +284,7 @@ def test_costs_bounded_but_not_told_apart_give_an_interval_spanning_both():
     told apart from the fixed times, only a combination of the two, and the costs along a segment fit
     alike. The interval spans the two ends' (negative control: the code before this test, 2026-12-07,
     gives (0, inf) for every one of the made-up cells)."""
-    from jspec.analysis.bench import matched_seconds, speedup, speedup_interval
+    from jspec.analysis.paired import matched_seconds, speedup, speedup_interval
 
     # Prefills 1, 2 and 1.5 s; 0.1 s a token for the entry, 0.2 for plain; no noise. The fit fixes
     # f + 48 c - 48 c' and f + 10 c - 20 c', a line of (f, c, c'); the truth (f = 0) is its end where
@@ -369,7 +369,7 @@ def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not
 def test_a_candidate_measured_in_both_rounds_is_judged_on_both_pooled_by_prompt():
     """One test over both rounds' runs, not the latest alone nor two chances to pass; the probe's
     figures are kept, and each round's runs (negative control: each round alone does not pass)."""
-    from jspec.analysis.bench import speedup_interval
+    from jspec.analysis.paired import speedup_interval
 
     def entry(seconds):
         return {"tokens_per_s": 3 * 48 / sum(seconds), "batch_tokens": [48] * 3, "batch_seconds": seconds,

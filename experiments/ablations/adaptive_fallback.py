@@ -13,7 +13,7 @@ speculates every step, like the fixed loop, and differs only by its bookkeeping)
 the opposite: speculation made so dear that the loop never speculates nor probes (every step is the
 fallback: what falling back costs against plain decoding, and against fixed prompt lookup on
 prompts where it finds no match). Every speedup is paired over the prompts at matched answer lengths and
-carries a 95% interval (:func:`jspec.analysis.bench.speedup`, :func:`~jspec.analysis.bench.speedup_interval`). With
+carries a 95% interval (:func:`jspec.analysis.paired.speedup`, :func:`~jspec.analysis.paired.speedup_interval`). With
 ``--widths``, the EAGLE-3 head also runs with an adaptive draft length (the chain verified at one
 of those widths or the full N + 1 per step, from the head's confidence and the measured r(w)),
 beside fixed chains as long as each width.
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, prompt lookup only (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
+    from jspec.analysis.bench import run_interleaved
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.core.sampling import SamplingParams
     from jspec.loop.adaptive import Adaptive, StepCosts

@@ -9,7 +9,7 @@ tokens verified per step, so one step's forward is 1 + G (N - 1) + W (N - 1) tok
 drafts a tree of G continuations of N - 1 tokens (a chain when G = 1): the same verified width,
 without the window. Every decoder runs every prompt, taking turns prompt by prompt
 (:func:`jspec.analysis.bench.run_interleaved`); speedups are paired prompt by prompt at matched answer
-lengths, with a 95% interval (:func:`jspec.analysis.bench.speedup_interval`).
+lengths, with a 95% interval (:func:`jspec.analysis.paired.speedup_interval`).
 
 The prediction: a decoder that takes v verify forwards of w tokens and p plain steps (prompt
 lookup finding nothing) for ``tokens`` new tokens runs at ``tokens / (v (r(w) + c) + p)`` of plain
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="one prompt, 16 tokens, two grid points (tests)")
     args = parser.parse_args(argv)
 
-    from jspec.analysis.bench import forget_compiled, run_interleaved, speedup, speedup_interval
+    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.core.sampling import SamplingParams
     from jspec.drafters import LookaheadDecoding, PromptLookup

@@ -12,7 +12,7 @@ plain decoding, fixed settings (prompt lookup N = 3 and 7, and where available t
 dynamic tree, the draft model at N = 4 and 7), the tuner's predicted best fixed setting, and ``auto`` with the
 tuned config.
 Reports per cell (workload x temperature): auto over plain with its 95% interval (paired over the
-prompts at matched answer lengths, :func:`jspec.analysis.bench.speedup_interval`), auto over the best fixed
+prompts at matched answer lengths, :func:`jspec.analysis.paired.speedup_interval`), auto over the best fixed
 setting, whether the tuner's predicted best is among the two fastest measured, and the tuner's
 predicted against measured speedups; and the goals over all cells: auto never measurably slower
 than plain (every interval's upper end >= 1) and auto within 5% of the best fixed setting's mean
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
+    from jspec.analysis.bench import run_interleaved
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
     from jspec.core.sampling import SamplingParams

@@ -19,7 +19,7 @@ at B = 32 here the prompts pad to 256 tokens and it was 64% of plain decoding's 
 A drafter's own start over the prompt (EAGLE-3's head) is not in F_B.
 
 ``speedup`` here is a ratio of throughputs, the batch's new tokens per second, which is what a server at
-batch B buys; unlike the per-prompt benchmarks (:func:`jspec.analysis.bench.speedup`, paired at matched
+batch B buys; unlike the per-prompt benchmarks (:func:`jspec.analysis.paired.speedup`, paired at matched
 lengths) it is one batch a cell, so it has no interval, and at T = 1 the decoders' answers differ in length
 (each cell keeps its ``new_tokens``).
 

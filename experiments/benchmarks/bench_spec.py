@@ -21,7 +21,7 @@ in its own subprocess per engine:
   or with ``prompt_lookup_num_tokens=N``.
 
 Speedups over plain decoding, for both engines, are paired prompt by prompt at matched answer lengths
-with a 95% interval (:func:`jspec.analysis.bench.speedup`, :func:`~jspec.analysis.bench.speedup_interval`):
+with a 95% interval (:func:`jspec.analysis.paired.speedup`, :func:`~jspec.analysis.paired.speedup_interval`):
 sampled answers differ in length, and a ratio of rates then also measures how long they were.
 
 First turns of MT-bench and HumanEval prompts, each with the chat template.
@@ -72,7 +72,8 @@ def _prompt_ids(tokenizer, prompt_sets: list[str], limit: int) -> dict[str, list
 def worker_jspec(setup: dict, args) -> dict:
     import jax
 
-    from jspec.analysis.bench import predicted_seconds, run_interleaved, run_prompts, speedup, speedup_interval
+    from jspec.analysis.bench import predicted_seconds, run_interleaved, run_prompts
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.core.sampling import SamplingParams
     from jspec.drafters import DraftModel, PromptLookup
     from jspec.loop.decode import Decoder
@@ -210,7 +211,7 @@ def worker_hf(setup: dict, args) -> dict:
     import torch
     import transformers
 
-    from jspec.analysis.bench import speedup, speedup_interval
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.models.hub import ensure_gguf, fetch
     from jspec.models.tokenizer import TextTokenizer
 

@@ -15,7 +15,7 @@ trained ones exist; none ships), Lookahead decoding (lookahead) and ``--method a
 tuned for that category's prompts where ``jspec tune`` made one, else the model's latest).
 
 Each speedup over plain decoding is paired prompt by prompt at matched answer lengths, with its 95%
-interval (:func:`jspec.analysis.bench.speedup_interval`; sampled answers differ in length). Beside it,
+interval (:func:`jspec.analysis.paired.speedup_interval`; sampled answers differ in length). Beside it,
 the cost model's, for the decoding loop alone (no prefill): a run of ``tokens`` new tokens
 in v verify steps of w tokens and p plain steps runs at ``tokens / (v (r(w) + c) + p)`` of plain
 decoding's speed, with r(w) and c (the drafter's propose and commit over a plain step) measured
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--methods must start with ar: speedups are over plain decoding.")
     prompts = {c: category_prompts(c, args.limit) for c in categories}  # unknown categories refused first
 
-    from jspec.analysis.bench import forget_compiled, run_interleaved, speedup, speedup_interval
+    from jspec.analysis.bench import forget_compiled, run_interleaved
+    from jspec.analysis.paired import speedup, speedup_interval
     from jspec.core.sampling import SamplingParams
     from jspec.loop.xla_cache import enable_compilation_cache
     from jspec.models.hub import load_model

@@ -15,7 +15,7 @@ decoders' runs at batch 1) and fits, by least squares over every (prompt, decode
 Reports the prefills, each decoder's cost per token and plain over it (the speedup per token), the
 speedup per request at the mean prefill and the mean answer, and the residual's SD. A point estimate:
 no interval. What the tuner, ``auto_cells.py`` and ``jspec bench`` report is the pairwise form with an
-interval, :func:`jspec.analysis.bench.speedup_interval` (:func:`jspec.analysis.bench.matched_seconds`);
+interval, :func:`jspec.analysis.paired.speedup_interval` (:func:`jspec.analysis.paired.matched_seconds`);
 this script stays to read all of a journal's decoders in one fit.
 """
 

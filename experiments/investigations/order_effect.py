@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     if len(costs) != 2 or min(costs) <= 0:
         raise SystemExit(f"--costs takes two step costs > 0, speculative and plain; got {args.costs!r}.")
 
-    from jspec.analysis.bench import run_interleaved, speedup_interval, turn_order
+    from jspec.analysis.bench import run_interleaved, turn_order
+    from jspec.analysis.paired import speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
     from jspec.core.sampling import SamplingParams

@@ -7,7 +7,7 @@ For each shape P x T (P prompts of T new tokens; the default shapes spend the sa
 ``--repeats`` disjoint slices of MT-bench (from prompt ``--skip`` on) are measured as the tuner
 measures a candidate: plain decoding and the drafter taking turns prompt by prompt
 (:func:`jspec.analysis.bench.run_interleaved`), the speedup and its paired 95% t interval over the
-prompts (:func:`jspec.analysis.bench.speedup_interval`). Reports each slice's interval, its width, and the
+prompts (:func:`jspec.analysis.paired.speedup_interval`). Reports each slice's interval, its width, and the
 seconds the pair of decoders spent generating.
 """
 
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip", type=int, default=8)
     args = parser.parse_args(argv)
 
-    from jspec.analysis.bench import run_interleaved, speedup_interval
+    from jspec.analysis.bench import run_interleaved
+    from jspec.analysis.paired import speedup_interval
     from jspec.analysis.prompts import load_prompts
     from jspec.api import make_decoder
     from jspec.core.sampling import SamplingParams

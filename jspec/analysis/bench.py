@@ -16,7 +16,6 @@ import pathlib
 from collections.abc import Mapping, Sequence
 
 import jax
-import numpy as np
 
 from jspec.loop.batching import bucket
 from jspec.loop.results import GenerationResult
@@ -25,12 +24,9 @@ from jspec.models.loading import progress as bar
 __all__ = [
     "batches",
     "forget_compiled",
-    "matched_seconds",
     "predicted_seconds",
     "run_interleaved",
     "run_prompts",
-    "speedup",
-    "speedup_interval",
     "turn_order",
     "warm_up",
 ]
@@ -138,7 +134,7 @@ def run_interleaved(
       ``seconds`` (the loops alone), ``compile_seconds``, ``target_calls``, ``tokens_per_s``,
       ``tau`` (1.0 for plain decoding) and, for speculative decoders, ``verify_steps``,
       ``plain_steps`` and ``acceptance_by_position``; ``calls``, the number of batches run;
-      ``batch_tokens`` and ``batch_seconds``, per batch (what :func:`speedup_interval` pairs);
+      ``batch_tokens`` and ``batch_seconds``, per batch (what :func:`~jspec.analysis.paired.speedup_interval` pairs);
       ``resumed_batches``, how many came from the journal.
     """
     names = list(decoders)
@@ -218,140 +214,6 @@ def _write(path: pathlib.Path, mode: str, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-
-
-def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each batch's seconds for ``entry`` and ``plain`` (two :func:`run_interleaved` entries over the same
-    batches) as if both had generated the same number of tokens: what a paired speedup compares.
-
-    Sampled decoders answer a prompt at different lengths (each samples its own tokens; exactness makes the
-    lengths' distribution the same, not the lengths), and where a prompt's prefill is a large part of
-    the time a ratio of rates then measures mostly how long the answers were (docs/log, 2026-12-07, RAG
-    T = 1). Per batch i, ``seconds = prefill_i + cost_d * tokens`` for both decoders, ``entry`` with an
-    extra fixed time of its own (a draft model's prefill); the difference of the two runs, fitted by
-    least squares over the batches, gives each decoder's cost per token, and each run is moved along its
-    cost to the batch's common length, the mean of the two. Where one cost cannot be told apart from the
-    fixed times (one decoder always ran to the same length), the other is moved to its length.
-
-    The fit keeps every time physical: no fixed time or cost below 0, and no cost above a run's own
-    seconds per token (its prefill is not negative). A cost told apart by one or two prompts alone is
-    noisy: fitted freely, plain decoding's cost came out below 0 where it stopped early on one prompt
-    of 24, and the cell had no interval (docs/log, 2026-12-07, SmolLM2 HumanEval T = 1).
-    Batches of equal lengths are left as measured (greedy decoding: always). A batch of several rows
-    counts its rows' tokens together: there the time follows its longest row, and the fit is rougher.
-
-    Where neither cost is told apart but the two together are (both decoders ended early on the same
-    single prompt, the others at the cap), every pair of costs along a segment fits alike within the
-    bounds: ``end`` picks the segment's end with the entry's cost lowest ("low") or highest ("high"),
-    its middle by default; :func:`speedup_interval` takes both ends and spans them.
-
-    Returns:
-      (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and the
-      costs are not bounded that way (each decoder always ran to one length of its own).
-    """
-    if end not in (None, "low", "high"):
-        raise ValueError(f"end is 'low', 'high' or None (the middle); got {end!r}.")
-    tokens, seconds = np.asarray(entry["batch_tokens"], float), np.asarray(entry["batch_seconds"], float)
-    p_tokens, p_seconds = np.asarray(plain["batch_tokens"], float), np.asarray(plain["batch_seconds"], float)
-    if tokens.shape != p_tokens.shape or tokens.size == 0:
-        raise ValueError(f"a paired speedup needs runs over the same batches; got {tokens.size} and {p_tokens.size}.")
-    if np.array_equal(tokens, p_tokens):
-        return seconds, p_seconds
-    design = np.column_stack([np.ones_like(tokens), tokens, -p_tokens])
-    # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
-    known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
-    if not known.any() and np.linalg.matrix_rank(design) != 2:
-        return None
-    from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
-
-    # (Above 0 for the solver, where a made-up run has a time at or below 0: its cost is then held at 0.)
-    top = [max(float(np.min(s[n > 0] / n[n > 0])), 1e-12) for s, n in ((seconds, tokens), (p_seconds, p_tokens))]
-    # The first column is the entry's own fixed time; where a cost is not told apart, it merges with
-    # it: f + cost * T for the entry's (from 0 up), f - cost * T for plain's (from -top * T up).
-    low = 0.0 if known[1] or not known.any() else -top[1] * float(p_tokens[0])
-    columns = [0] + [1 + i for i in range(2) if known[i] or not known.any()]
-    bounds = np.array([[low, np.inf]] + [[0.0, top[i - 1]] for i in columns[1:]]).T
-    fit = lsq_linear(design[:, columns], seconds - p_seconds, bounds=tuple(bounds), method="bvls").x
-    if not known.any():  # the fit is one point of a segment of costs that fit alike: go to the end asked
-        direction = np.linalg.svd(design)[2][-1]  # the design's null space: one dimension (rank 2)
-        direction = direction if direction[1] > 0 or (direction[1] == 0 and direction[2] >= 0) else -direction
-        moving = np.abs(direction) > 1e-12
-        steps = (bounds[:, moving] - fit[moving]) / direction[moving]
-        lowest, highest = float(np.max(steps.min(axis=0))), float(np.min(steps.max(axis=0)))
-        fit = fit + direction * {"low": lowest, "high": highest, None: (lowest + highest) / 2}[end]
-    costs = dict(zip(columns[1:], fit[1:], strict=True))
-    cost, p_cost = costs.get(1, 0.0), costs.get(2, 0.0)
-    common = (tokens + p_tokens) / 2 if known.all() or not known.any() else (p_tokens if known[0] else tokens)
-    moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
-    return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
-
-
-def speedup(entry: Mapping, plain: Mapping) -> float:
-    """``entry``'s speedup over ``plain``: plain's seconds over the entry's, summed over the batches at
-    matched lengths (:func:`matched_seconds`); the ratio of their rates where the lengths cannot be
-    matched (the interval then says so: :func:`speedup_interval`). Equal lengths: the ratio of rates."""
-    matched = matched_seconds(entry, plain)
-    if matched is None:
-        rate, p_rate = (sum(e["batch_tokens"]) / sum(e["batch_seconds"]) for e in (entry, plain))
-        return rate / p_rate
-    return float(matched[1].sum() / matched[0].sum())
-
-
-def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95, groups: Sequence[int] | None = None
-                     ) -> tuple[float, float]:  # fmt: skip
-    """A ``level`` confidence interval of ``entry``'s speedup over ``plain`` (two :func:`run_interleaved`
-    entries over the same batches), paired batch by batch: Student's t interval of the mean log
-    ratio of the two runs' seconds at matched lengths (:func:`matched_seconds`), exponentiated, its
-    standard error the jackknife's over batches (the costs per token fitted again without each), so
-    the fit's own uncertainty is in it; with equal lengths that is the usual standard error of a
-    mean. Where the fit leaves the costs a segment (:func:`matched_seconds`), the interval spans those
-    at both its ends. ``(0, inf)`` from a single batch, or where the lengths cannot be matched.
-
-    ``groups``: per batch, the prompt it ran (the same prompts measured in two rounds, concatenated):
-    the jackknife then leaves out a prompt at a time, and the t quantile counts prompts, not runs
-    (what a prompt favours, it favours in both rounds).
-
-    Pairing removes what the prompts share (a long prompt is slow for both); what is left is the
-    spread of the per-prompt speedups, and the t quantile keeps a few prompts honest: three that
-    sped up 0.9x, 1.25x and 1.5x give about (0.63, 2.3), and no drafter is chosen on them. (A
-    percentile bootstrap over four prompts once called plain decoding run twice "0.87-0.99x": it
-    is too narrow for so few.)
-    """
-    from scipy import stats  # imported here: scipy.stats adds seconds to start-up; only intervals need it
-
-    def mean_log(pair) -> float | None:
-        return None if pair is None else float(np.log(pair[1] / pair[0]).mean())
-
-    def without(group, end) -> float | None:
-        keep = np.asarray(groups) != group
-        kept = ({k: np.asarray(e[k], float)[keep] for k in ("batch_tokens", "batch_seconds")} for e in (entry, plain))
-        return mean_log(matched_seconds(*kept, end=end))
-
-    def interval(end) -> tuple[float, float]:
-        """The interval with every fit's costs at one ``end`` of its segment (where a fit has one)."""
-        center = mean_log(matched_seconds(entry, plain, end))
-        if center is None:
-            return 0.0, float("inf")
-        leave_out = [without(g, end) for g in sorted(set(groups))]
-        if any(v is None for v in leave_out):
-            return 0.0, float("inf")
-        leave_out = np.array(leave_out)
-        error = np.sqrt((size - 1) / size * ((leave_out - leave_out.mean()) ** 2).sum())
-        half = stats.t.ppf((1 + level) / 2, size - 1) * error
-        return float(np.exp(center - half)), float(np.exp(center + half))
-
-    matched_seconds(entry, plain)  # raises where the batches differ
-    count = len(plain["batch_tokens"])
-    groups = np.arange(count) if groups is None else groups
-    if len(groups) != count:
-        raise ValueError(f"groups names the prompt of each of the {count} batches; got {len(groups)}.")
-    size = len(set(groups))
-    if size < 2:
-        return 0.0, float("inf")
-    # Where costs are bounded but not told apart (matched_seconds), the true ones lie between the ends:
-    # the interval spans both ends' (elsewhere the two are the same).
-    lows, highs = zip(interval("low"), interval("high"), strict=True)
-    return min(lows), max(highs)
 
 
 def run_prompts(decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, sampling, seed: int = 0,

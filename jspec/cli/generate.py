@@ -9,7 +9,8 @@ import time
 
 import jax
 
-from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
+from jspec.analysis.bench import run_interleaved
+from jspec.analysis.paired import speedup, speedup_interval
 from jspec.analysis.prompts import load_prompts
 from jspec.api import make_decoder
 from jspec.cli.common import (

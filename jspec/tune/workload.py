@@ -17,7 +17,7 @@ For one batch size and one temperature, :func:`tune_cell`
    decoding again, interleaved, and recommends the fastest measured, in either round, among those
    whose speedup over plain decoding (paired with plain decoding's runs of the same round) is above 1
    with 95% confidence (a t interval over the prompts at matched answer lengths,
-   :func:`jspec.analysis.bench.speedup_interval`); plain decoding when none is (speculation must never
+   :func:`jspec.analysis.paired.speedup_interval`); plain decoding when none is (speculation must never
    make a user slower, and a point estimate from a few prompts swings by +-20% here). A probe is as
    good a measurement as a candidate of the second round (same prompts, paired with plain decoding
    run beside it), and the prediction that ranks the second round can be wrong by 10-15% (Qwen 1.5B
@@ -42,7 +42,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jspec.analysis.bench import run_interleaved, speedup, speedup_interval
+from jspec.analysis.bench import run_interleaved
+from jspec.analysis.paired import speedup, speedup_interval
 from jspec.core.sampling import SamplingParams
 from jspec.loop.adaptive import StepCosts
 from jspec.methods import drafts, tuned_families
