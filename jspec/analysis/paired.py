@@ -55,7 +55,8 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
     design = np.column_stack([np.ones_like(tokens), tokens, -p_tokens])
     # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
     known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
-    if not known.any() and np.linalg.matrix_rank(design) != 2:
+    segment = not known.any()  # neither cost told apart: a segment of costs, if the two together are (rank 2)
+    if segment and np.linalg.matrix_rank(design) != 2:
         return None
     from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
 
@@ -63,11 +64,11 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
     top = [max(float(np.min(s[n > 0] / n[n > 0])), 1e-12) for s, n in ((seconds, tokens), (p_seconds, p_tokens))]
     # The first column is the entry's own fixed time; where a cost is not told apart, it merges with
     # it: f + cost * T for the entry's (from 0 up), f - cost * T for plain's (from -top * T up).
-    low = 0.0 if known[1] or not known.any() else -top[1] * float(p_tokens[0])
-    columns = [0] + [1 + i for i in range(2) if known[i] or not known.any()]
+    low = 0.0 if known[1] or segment else -top[1] * float(p_tokens[0])
+    columns = [0] + [1 + i for i in range(2) if known[i] or segment]
     bounds = np.array([[low, np.inf]] + [[0.0, top[i - 1]] for i in columns[1:]]).T
     fit = lsq_linear(design[:, columns], seconds - p_seconds, bounds=tuple(bounds), method="bvls").x
-    if not known.any():  # the fit is one point of a segment of costs that fit alike: go to the end asked
+    if segment:  # the fit is one point of a segment of costs that fit alike: go to the end asked
         direction = np.linalg.svd(design)[2][-1]  # the design's null space: one dimension (rank 2)
         direction = direction if direction[1] > 0 or (direction[1] == 0 and direction[2] >= 0) else -direction
         moving = np.abs(direction) > 1e-12
@@ -76,7 +77,7 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
         fit = fit + direction * {"low": lowest, "high": highest, None: (lowest + highest) / 2}[end]
     costs = dict(zip(columns[1:], fit[1:], strict=True))
     cost, p_cost = costs.get(1, 0.0), costs.get(2, 0.0)
-    common = (tokens + p_tokens) / 2 if known.all() or not known.any() else (p_tokens if known[0] else tokens)
+    common = (tokens + p_tokens) / 2 if known.all() or segment else (p_tokens if known[0] else tokens)
     moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
     return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
 
