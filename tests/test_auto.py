@@ -240,9 +240,6 @@ def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     beside = {"batch_tokens": [32, 21, 32, 25, 32, 27, 30, 28],
               "batch_seconds": [13.47, 12.28, 12.98, 11.04, 12.24, 11.78, 12.19, 12.5]}  # fmt: skip
     assert speedup_interval(probe, beside) == pytest.approx((0.951, 1.104), abs=0.001)
-    # Each always at one length of its own: no cost can be fitted, so no confidence either way.
-    apart = {"batch_tokens": [40, 40, 40], "batch_seconds": [5.0, 6.0, 7.0]}
-    assert matched_seconds(apart, plain) is None and speedup_interval(apart, plain) == (0.0, float("inf"))
 
 
 def test_a_cost_told_apart_by_one_prompt_still_gives_an_interval():
@@ -324,6 +321,43 @@ def test_costs_bounded_but_not_told_apart_give_an_interval_spanning_both():
         assert lo > 0.0 and hi < float("inf") and hi / lo < 1.2
         held += lo <= truth <= hi
     assert held >= 27
+
+
+def test_each_decoder_at_one_length_of_its_own_gives_an_interval_from_the_bounds():
+    """Each decoder always ran to one length of its own: only a combination of the fixed time and the two
+    costs is fitted, and the bounds (no time below 0, no cost above a run's seconds per token) hold the
+    costs in a region whose corners, both costs lowest and both highest, are the speedup's extremes. The
+    interval spans the two corners' (negative control: the code before this test, 2026-12-07, gives
+    None and (0, inf) for the example and for every made-up cell)."""
+    from jspec.analysis.paired import matched_seconds, speedup, speedup_interval
+
+    # Prefills 1, 2 and 1.5 s; the entry 40 tokens at 0.1 s a token, plain 48 at 0.2; no noise. Matched at
+    # 44 tokens, the truth is 30.9 s against 17.7.
+    run = {"batch_tokens": [40] * 3, "batch_seconds": [5.0, 6.0, 5.5]}
+    plain = {"batch_tokens": [48] * 3, "batch_seconds": [10.6, 11.6, 11.1]}
+    low, high = (matched_seconds(run, plain, end) for end in ("low", "high"))
+    # Both lowest: the entry's cost 0 (not moved); plain's 5.6/48, the least that keeps f = -5.6 + 48 c' >= 0.
+    assert low[0].tolist() == run["batch_seconds"]
+    assert low[1].tolist() == pytest.approx([s - 4 * 5.6 / 48 for s in plain["batch_seconds"]])
+    # Both highest: plain's 10.6/48 (the first prefill at 0), the entry's 5/40 (its own bound, and what f >= 0
+    # allows: (-5.6 + 10.6) / 40).
+    assert high[0].tolist() == pytest.approx([5.5, 6.5, 6.0])
+    assert high[1].tolist() == pytest.approx([s - 4 * 10.6 / 48 for s in plain["batch_seconds"]])
+    extremes = sorted(m[1].sum() / m[0].sum() for m in (low, high))
+    assert extremes[0] < 30.9 / 17.7 < extremes[1] and extremes[0] < speedup(run, plain) < extremes[1]
+    # Made-up cells, SmolLM2-like (0.05-0.2 s of prefill, 0.018 and 0.021 s a token): every interval
+    # decided and holding the truth (wider than where a cost is told apart: only the bounds hold the costs).
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        prefill = rng.uniform(0.05, 0.2, 24)
+        tokens, p_tokens = np.full(24, 40.0), np.full(24, 48.0)
+        seconds, p_seconds = (
+            prefill + c * n + rng.normal(0, 0.03, 24) for c, n in ((0.018, tokens), (0.021, p_tokens))
+        )
+        truth = np.exp(np.log((prefill + 0.021 * 44) / (prefill + 0.018 * 44)).mean())
+        lo, hi = speedup_interval({"batch_tokens": tokens, "batch_seconds": seconds},
+                                  {"batch_tokens": p_tokens, "batch_seconds": p_seconds})  # fmt: skip
+        assert lo <= truth <= hi and hi / lo < 1.25
 
 
 def test_a_probe_measurably_faster_is_recommended_when_the_predicted_best_is_not(target, monkeypatch):

@@ -38,11 +38,13 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
     Where neither cost is told apart but the two together are (both decoders ended early on the same
     single prompt, the others at the cap), every pair of costs along a segment fits alike within the
     bounds: ``end`` picks the segment's end with the entry's cost lowest ("low") or highest ("high"),
-    its middle by default; :func:`speedup_interval` takes both ends and spans them.
+    its middle by default; :func:`speedup_interval` takes both ends and spans them. Where each decoder
+    always ran to one length of its own, only the bounds hold the costs, and the ends are the two
+    corners with both costs lowest and both highest (:func:`_costs_at_one_length_each`).
 
     Returns:
-      (entry's seconds, plain's seconds) at matched lengths, or None where the lengths differ and the
-      costs are not bounded that way (each decoder always ran to one length of its own).
+      (entry's seconds, plain's seconds) at matched lengths; None where a moved time would not be above
+      0 (a made-up run's).
     """
     if end not in (None, "low", "high"):
         raise ValueError(f"end is 'low', 'high' or None (the middle); got {end!r}.")
@@ -56,18 +58,31 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
     # A cost is told apart from the fixed times where its unit vector lies in the design's row space.
     known = np.isclose(np.linalg.pinv(design) @ design, np.eye(3), atol=1e-6).all(axis=0)[1:]
     segment = not known.any()  # neither cost told apart: a segment of costs, if the two together are (rank 2)
-    if segment and np.linalg.matrix_rank(design) != 2:
-        return None
-    from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
-
     # (Above 0 for the solver, where a made-up run has a time at or below 0: its cost is then held at 0.)
     top = [max(float(np.min(s[n > 0] / n[n > 0])), 1e-12) for s, n in ((seconds, tokens), (p_seconds, p_tokens))]
+    if segment and np.linalg.matrix_rank(design) == 1:  # each decoder always at one length of its own
+        cost, p_cost = _costs_at_one_length_each(seconds - p_seconds, tokens[0], p_tokens[0], top, end)
+    else:
+        cost, p_cost = _fitted_costs(design, seconds - p_seconds, known, top, end)
+    common = (tokens + p_tokens) / 2 if known.all() or segment else (p_tokens if known[0] else tokens)
+    moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
+    return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
+
+
+def _fitted_costs(design: np.ndarray, difference: np.ndarray, known: np.ndarray, top: Sequence[float],
+                  end: str | None) -> tuple[float, float]:  # fmt: skip
+    """The costs per token (entry's, plain's) for :func:`matched_seconds`: ``difference`` fitted on
+    ``design`` by bounded least squares; a cost not ``known`` (told apart) stays 0, merged with the
+    fixed time. Where neither is known, the fit is one point of a segment, moved to the ``end`` asked."""
+    from scipy.optimize import lsq_linear  # here, as scipy.stats below: only sampled pairs need it
+
+    segment = not known.any()
     # The first column is the entry's own fixed time; where a cost is not told apart, it merges with
     # it: f + cost * T for the entry's (from 0 up), f - cost * T for plain's (from -top * T up).
-    low = 0.0 if known[1] or segment else -top[1] * float(p_tokens[0])
+    low = 0.0 if known[1] or segment else top[1] * float(design[0, 2])  # plain at one length: -design[0, 2]
     columns = [0] + [1 + i for i in range(2) if known[i] or segment]
     bounds = np.array([[low, np.inf]] + [[0.0, top[i - 1]] for i in columns[1:]]).T
-    fit = lsq_linear(design[:, columns], seconds - p_seconds, bounds=tuple(bounds), method="bvls").x
+    fit = lsq_linear(design[:, columns], difference, bounds=tuple(bounds), method="bvls").x
     if segment:  # the fit is one point of a segment of costs that fit alike: go to the end asked
         direction = np.linalg.svd(design)[2][-1]  # the design's null space: one dimension (rank 2)
         direction = direction if direction[1] > 0 or (direction[1] == 0 and direction[2] >= 0) else -direction
@@ -76,10 +91,23 @@ def matched_seconds(entry: Mapping, plain: Mapping, end: str | None = None) -> t
         lowest, highest = float(np.max(steps.min(axis=0))), float(np.min(steps.max(axis=0)))
         fit = fit + direction * {"low": lowest, "high": highest, None: (lowest + highest) / 2}[end]
     costs = dict(zip(columns[1:], fit[1:], strict=True))
-    cost, p_cost = costs.get(1, 0.0), costs.get(2, 0.0)
-    common = (tokens + p_tokens) / 2 if known.all() or segment else (p_tokens if known[0] else tokens)
-    moved, p_moved = seconds + cost * (common - tokens), p_seconds + p_cost * (common - p_tokens)
-    return (moved, p_moved) if (moved > 0).all() and (p_moved > 0).all() else None
+    return costs.get(1, 0.0), costs.get(2, 0.0)
+
+
+def _costs_at_one_length_each(difference: np.ndarray, length: float, p_length: float, top: Sequence[float],
+                              end: str | None) -> tuple[float, float]:  # fmt: skip
+    """The costs per token (entry's, plain's) for :func:`matched_seconds` where each decoder always ran to
+    one length of its own: only ``f + cost * length - p_cost * p_length``, the mean ``difference``, is
+    fitted, and every pair of costs in the bounds with ``f`` not below 0 fits alike. Moved to the mean
+    length, the shorter run's seconds rise with its cost and the longer's fall with its own, so either
+    cost moves the speedup the same way: it is extreme where both costs are lowest ("low") or both
+    highest ("high"), each as far as the other lets it. The middle between the two by default."""
+    # The difference as fitted within the bounds: f >= 0, p_cost <= top[1] (below that, no pair fits it).
+    fitted = max(float(difference.mean()), -top[1] * p_length)
+    lowest = (0.0, max(0.0, -fitted / p_length))  # the entry's cost at 0; plain's just high enough for f >= 0
+    highest = (min(top[0], (fitted + top[1] * p_length) / length), top[1])
+    middle = tuple((a + b) / 2 for a, b in zip(lowest, highest, strict=True))
+    return {"low": lowest, "high": highest, None: middle}[end]
 
 
 def speedup(entry: Mapping, plain: Mapping) -> float:
@@ -100,8 +128,9 @@ def speedup_interval(entry: Mapping, plain: Mapping, level: float = 0.95, groups
     ratio of the two runs' seconds at matched lengths (:func:`matched_seconds`), exponentiated, its
     standard error the jackknife's over batches (the costs per token fitted again without each), so
     the fit's own uncertainty is in it; with equal lengths that is the usual standard error of a
-    mean. Where the fit leaves the costs a segment (:func:`matched_seconds`), the interval spans those
-    at both its ends. ``(0, inf)`` from a single batch, or where the lengths cannot be matched.
+    mean. Where the fit leaves the costs a segment, or only the bounds hold them (:func:`matched_seconds`),
+    the interval spans those at both its ends. ``(0, inf)`` from a single batch, or where a run cannot
+    be moved (a made-up time at or below 0).
 
     ``groups``: per batch, the prompt it ran (the same prompts measured in two rounds, concatenated):
     the jackknife then leaves out a prompt at a time, and the t quantile counts prompts, not runs
