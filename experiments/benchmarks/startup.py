@@ -12,6 +12,10 @@ run to its printer) and the whole process. ``--draft-pair`` adds the draft-model
 pair (1.5B target, 0.5B drafter). ``--api`` times the same through ``jspec.Speculator`` (import,
 construction with the model load, the first ``generate`` with its compilation), cold and warm.
 The Medusa head is random (compilation does not depend on the weights), written once in --work.
+``auto`` runs with a tuned config of its own, made once in --work as ``make demo`` makes it
+(``jspec tune --quick`` on MT-bench prompts 9-16 at T = 0, about two minutes, not counted; like the
+demo's, it is also saved as this machine's latest config for SmolLM2): not whatever this machine tuned
+last, which may have measured another temperature band and then be refused.
 ``--stream-cost`` also measures, in this process, what streaming costs per token: plain decoding
 and prompt lookup on SmolLM2 with and without a listener (a loop resumed one step at a time, the
 next step queued, against one ``lax.while_loop`` to the end), interleaved, 96 tokens on four
@@ -71,12 +75,28 @@ def medusa_head(work: pathlib.Path) -> pathlib.Path:
     return folder
 
 
+def tuned_config(work: pathlib.Path, env: dict) -> pathlib.Path:
+    """A tuned config for ``auto`` on SmolLM2 at T = 0, made once with ``make demo``'s command."""
+    path = work / "tuned-smollm2-mt-bench.json"
+    if not path.exists():
+        subprocess.run([*launcher(), "tune", "--quick", "--model", "smollm2-135m", "--prompts", "mt-bench", "--skip",
+                        "8", "--temperature", "0", "--out", str(path)], check=True, env=env, cwd=work)  # fmt: skip
+    return path
+
+
+def launcher() -> list[str]:
+    """The installed ``jspec`` command, else the module."""
+    script = pathlib.Path(sys.executable).with_name("jspec")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jspec.cli.main"]
+
+
 def run_cli(method: str, xla: pathlib.Path, tokens: int, env: dict, work: pathlib.Path) -> dict:
     model, options = METHODS[method]
     if method == "medusa":
         options = [*options, "--head", str(medusa_head(work))]
-    script = pathlib.Path(sys.executable).with_name("jspec")  # the installed command, else the module
-    launch = [str(script)] if script.exists() else [sys.executable, "-m", "jspec.cli.main"]
+    if method == "auto":
+        options = [*options, "--config", str(tuned_config(work, env))]
+    launch = launcher()
     cmd = [*launch, "generate", "--model", model, "--chat",
            "--max-new-tokens", str(tokens), "--json", "--prompt", PROMPT, *options]  # fmt: skip
     t0 = time.time()
