@@ -53,6 +53,38 @@ def test_medusa_greedy_equals_plain_greedy(target, shape):
     assert drafter.num_draft == 3 and got.verify_steps > 0
 
 
+def test_a_fixed_loop_whose_drafter_always_drafts_compiles_no_plain_step(target, monkeypatch):
+    """Medusa's rows always have drafts (``has_draft`` None): a fixed loop verifies every step, so it
+    traces the target's prefill and its verify forward (widths P and N + 1) and no one-token forward
+    for a plain step that could never run (the loop runs while a row is live). Prompt lookup, whose
+    rows may have none, and an adaptive loop keep theirs: the count sees a plain step where there is
+    one. (Negative control: the code before this test, 2026-12-08, traces width 1 for Medusa too. What
+    it saves on SmolLM2: docs/log, 2026-12-08.)"""
+    from jspec.drafters import PromptLookup
+    from jspec.loop.adaptive import Adaptive, StepCosts
+
+    widths = []
+    forward = type(target).__call__
+
+    def counted(self, tokens, *args, **kwargs):  # called while tracing: once per forward in the program
+        widths.append(tokens.shape[1])
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "__call__", counted)
+    medusa = MedusaDrafter.from_heads(random_heads(target), target, num_draft=3)
+    traced = {}
+    for name, engine in {
+        "medusa": SpeculativeDecoder(target, medusa),
+        "lookup": SpeculativeDecoder(target, PromptLookup(num_draft=3)),
+        "adaptive": SpeculativeDecoder(target, medusa, adaptive=Adaptive(), costs=StepCosts.create(speculative=2.0)),
+    }.items():
+        widths.clear()
+        engine.generate(PROMPTS, 7)  # 7 new tokens: a shape no other test compiles, so it is traced here
+        traced[name] = sorted(set(widths))
+    prompt = traced["medusa"][-1]
+    assert traced == {"medusa": [4, prompt], "lookup": [1, 4, prompt], "adaptive": [1, 4, prompt]}
+
+
 def test_medusa_sampling_has_the_target_distribution_with_negative_control():
     """T = 1, 6000 rows: tokens 2-4 against plain sampling's, with the real chain verifier and with
     one that skips the residual (which must fail)."""

@@ -93,7 +93,8 @@ def first_step(target, drafter, prompt: list[int], sampling: SamplingParams | No
         path = jnp.arange(n + 1)
     a = int(verdict.num_accepted[0])
     emitted = np.asarray(verdict.tokens[0, : a + 1]).tolist()
-    if not bool(proposal.has_draft[0]):  # the loop takes a plain step: one token sampled with the step's key
+    # No draft: the loop takes a plain step, one token sampled with the step's key (None: always drafts).
+    if proposal.has_draft is not None and not bool(proposal.has_draft[0]):
         emitted = [int(sample_logits(k_step, logits[:, 0], params)[0])]
     tok = np.asarray(tokens[0])
     parent = np.asarray(parents[0])

@@ -118,7 +118,8 @@ class ChainProposal:
         every draft was chosen deterministically (a lookup, a greedy pick: one-hot
         distributions, verified without V-sized work per draft).
       has_draft: bool[B], whether the row has anything worth verifying; when no
-        live row has, the engine takes a plain one-token step instead.
+        live row has, the engine takes a plain one-token step instead. None: every row always
+        has (a model's drafts): the loop then has no plain step to compile, unless adaptive.
       lookahead: tokens to score but not verify, or None.
       num_drafts: int32[B], how many of the N slots of each row hold drafts (rows draft
         different lengths: a lookup's continuation can be short, a row can have none), or
@@ -130,7 +131,7 @@ class ChainProposal:
 
     tokens: jax.Array
     probs: jax.Array | None
-    has_draft: jax.Array
+    has_draft: jax.Array | None
     lookahead: Lookahead | None = None
     num_drafts: jax.Array | None = None
     confidence: jax.Array | None = None
@@ -177,7 +178,7 @@ class TreeProposal:
       probs: float32[B, T, V], per node the distribution it was drawn from
         (the root's row is ignored), or None when every child was chosen
         deterministically (one-hot rows, verified without V-sized work per node).
-      has_draft: bool[B].
+      has_draft: bool[B], or None for every row (as :class:`ChainProposal`).
       lookahead: tokens to score but not verify, or None.
     """
 
@@ -186,7 +187,7 @@ class TreeProposal:
     depths: jax.Array
     used: jax.Array
     probs: jax.Array | None
-    has_draft: jax.Array
+    has_draft: jax.Array | None
     lookahead: Lookahead | None = None
 
     # What the engine asks of a proposal (see :class:`ChainProposal`).

@@ -82,7 +82,6 @@ class DraftModel:
 
     def propose(self, state: _DraftModelState, ctx: Context, key, sampling: SamplingParams):
         model = nnx.merge(self.graphdef, self.weights)
-        b = ctx.history.shape[0]
         last = ctx.last
         # Catch up: feed [pending, last] where a row has a token the model has not seen
         # (all drafts were accepted last step), else only last; a two-token forward
@@ -112,7 +111,7 @@ class DraftModel:
             return out.logits[:, 0], out.cache
 
         tokens, probs, cache, conf = draft_chain(feed, cache, logits0, self.num_draft, key, sampling)
-        proposal = ChainProposal(tokens, probs, jnp.ones((b,), bool), confidence=conf)
+        proposal = ChainProposal(tokens, probs, None, confidence=conf)
         return proposal, _DraftModelState(cache, state.pending, state.tree_tokens)
 
     def _propose_tree(self, model, cache, ctx: Context, logits0, pending):
@@ -128,9 +127,8 @@ class DraftModel:
 
         tree, cache = draft_tree(feed, cache, ctx.last, logits0, self.tree, cache.lengths, ctx.cache_length,
                                  cache.capacity)  # fmt: skip
-        b = ctx.history.shape[0]
         used = jnp.ones_like(tree.tokens, bool)
-        proposal = TreeProposal(tree.tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
+        proposal = TreeProposal(tree.tokens, tree.parents, tree.depths, used, None, None)
         return proposal, _DraftModelState(cache, pending, tree.tokens)
 
     def _accepted_path(self, tree_tokens, accepted, num_accepted):

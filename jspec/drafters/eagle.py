@@ -152,7 +152,7 @@ class EagleDrafter:
                                             sampling)  # fmt: skip
         b, n, _ = probs.shape  # [B, N, K] over the draft vocabulary
         full = jnp.zeros((b, n, self.vocab_size), probs.dtype).at[:, :, d2t].set(probs)
-        return ChainProposal(d2t[draft].astype(jnp.int32), full, jnp.ones((b,), bool), confidence=conf), state
+        return ChainProposal(d2t[draft].astype(jnp.int32), full, None, confidence=conf), state
 
     def _propose_tree(self, head, state: _EagleState, ctx: Context) -> TreeProposal:
         """A dynamic (EAGLE-2) or static tree. Node scores are the head's log-probabilities at
@@ -173,7 +173,7 @@ class EagleDrafter:
         t = tree.tokens.shape[1]
         tokens = jnp.where(jnp.arange(t)[None, :] == 0, ctx.last[:, None], d2t[tree.tokens]).astype(jnp.int32)
         used = jnp.ones((b, t), bool)  # probs None: every child is deterministic (one-hot)
-        return TreeProposal(tokens, tree.parents, tree.depths, used, None, jnp.ones((b,), bool))
+        return TreeProposal(tokens, tree.parents, tree.depths, used, None, None)
 
     def commit(self, state: _EagleState, ctx: Context, feedback: Feedback):
         """The target's features of the pending token and the accepted drafts become committed pairs.

@@ -147,14 +147,13 @@ class MedusaDrafter:
     def propose(self, state, ctx: Context, key, sampling: SamplingParams):
         heads = nnx.merge(self.graphdef, self.weights)
         logits = heads.logits(state)[:, : self.num_draft]  # [B, N, V]
-        b = logits.shape[0]
         if self.tree is not None:
             return self._tree(logits, ctx), state
         probs = probs_from_logits(logits, sampling)
         tokens = jnp.stack([sample(jax.random.fold_in(key, i), probs[:, i]) for i in range(self.num_draft)], axis=1)
         tokens = tokens.astype(jnp.int32)
         conf = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), tokens[:, :, None], axis=-1)[:, :, 0]
-        return ChainProposal(tokens, probs, jnp.ones((b,), bool), confidence=conf), state
+        return ChainProposal(tokens, probs, None, confidence=conf), state
 
     def _tree(self, logits, ctx: Context) -> TreeProposal:
         parents, depths = self.tree.arrays()
@@ -169,7 +168,7 @@ class MedusaDrafter:
         tokens = jnp.where(jnp.arange(len(parents))[None] == 0, ctx.last[:, None], tokens).astype(jnp.int32)
         bcast = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32)[None], (b, len(parents)))  # noqa: E731
         used = jnp.ones((b, len(parents)), bool)
-        return TreeProposal(tokens, bcast(parents), bcast(depths), used, None, jnp.ones((b,), bool))
+        return TreeProposal(tokens, bcast(parents), bcast(depths), used, None, None)
 
     def commit(self, state, ctx: Context, feedback: Feedback):
         """The target's last-layer output at the last accepted token (the one that gave the new pending token)."""

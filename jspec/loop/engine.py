@@ -285,8 +285,11 @@ def speculative_loop(loop: SpecLoop, target_weights, drafter_leaves, prompts, le
             shapes = jax.eval_shape(propose, s.drafter)
             empty = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0])
             proposal, dstate = when(go, lambda c: propose(c[1]), (empty, s.drafter))
-        # A lookahead window needs the target's logits every step it proposes.
-        verify = go if proposal.lookahead is not None else jnp.logical_and(go, jnp.any(proposal.has_draft & ~s.done))
+        # A lookahead window needs the target's logits every step it proposes; a drafter whose rows always
+        # have drafts (has_draft None) is verified whenever it proposed: a fixed loop then compiles no plain
+        # step, which could never run (the loop runs while a row is live), and no second target forward.
+        always = proposal.lookahead is not None or proposal.has_draft is None
+        verify = go if always else jnp.logical_and(go, jnp.any(proposal.has_draft & ~s.done))
         if verify is True:
             return verify_step(s, proposal, dstate, k_step)
         # One plain step for both no drafts and a fallback: the one-token forward compiles once.
