@@ -79,7 +79,7 @@ def test_a_fixed_loop_whose_drafter_always_drafts_compiles_no_plain_step(target,
         "adaptive": SpeculativeDecoder(target, medusa, adaptive=Adaptive(), costs=StepCosts.create(speculative=2.0)),
     }.items():
         widths.clear()
-        engine.generate(PROMPTS, 7)  # 7 new tokens: a shape no other test compiles, so it is traced here
+        engine.generate(PROMPTS, 7)  # a shape no other test of this module compiles (caches clear between modules)
         traced[name] = sorted(set(widths))
     prompt = traced["medusa"][-1]
     assert traced == {"medusa": [4, prompt], "lookup": [1, 4, prompt], "adaptive": [1, 4, prompt]}
