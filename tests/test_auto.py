@@ -196,6 +196,19 @@ def _sampled_runs(rng, prompts: int, cost: float, plain_cost: float = 0.18, extr
     return run, plain, truth
 
 
+def _smollm2_like_runs(rng, prefill, tokens, p_tokens):
+    """Made-up paired runs at the lengths given, SmolLM2-like: ``prefill`` seconds a prompt, 0.018 s a
+    token for the entry and 0.021 for plain decoding, noise of 0.03 s; and the true speedup at the pairs'
+    mean lengths."""
+    seconds, p_seconds = (
+        prefill + c * n + rng.normal(0, 0.03, len(prefill)) for c, n in ((0.018, tokens), (0.021, p_tokens))
+    )
+    common = (tokens + p_tokens) / 2
+    truth = np.exp(np.log((prefill + 0.021 * common) / (prefill + 0.018 * common)).mean())
+    run, plain = ({"batch_tokens": n, "batch_seconds": t} for n, t in ((tokens, seconds), (p_tokens, p_seconds)))
+    return run, plain, truth
+
+
 def test_a_sampled_speedup_is_measured_at_matched_answer_lengths():
     """At T = 1 each decoder's answer ends elsewhere, and with a long prefill a ratio of rates measures
     the lengths: the paired interval is taken at matched lengths, and holds the true speedup, narrowly,
@@ -308,15 +321,7 @@ def test_costs_bounded_but_not_told_apart_give_an_interval_spanning_both():
         tokens, p_tokens = np.full(24, 48.0), np.full(24, 48.0)
         k = rng.integers(24)
         tokens[k], p_tokens[k] = rng.choice(np.arange(5, 45), 2, replace=False)
-        seconds, p_seconds = (
-            prefill + c * n + rng.normal(0, 0.03, 24) for c, n in ((0.018, tokens), (0.021, p_tokens))
-        )
-        run, plain = (
-            {"batch_tokens": tokens, "batch_seconds": seconds},
-            {"batch_tokens": p_tokens, "batch_seconds": p_seconds},
-        )
-        common = (tokens + p_tokens) / 2
-        truth = np.exp(np.log((prefill + 0.021 * common) / (prefill + 0.018 * common)).mean())
+        run, plain, truth = _smollm2_like_runs(rng, prefill, tokens, p_tokens)
         lo, hi = speedup_interval(run, plain)
         assert lo > 0.0 and hi < float("inf") and hi / lo < 1.2
         held += lo <= truth <= hi
@@ -350,13 +355,8 @@ def test_each_decoder_at_one_length_of_its_own_gives_an_interval_from_the_bounds
     rng = np.random.default_rng(0)
     for _ in range(30):
         prefill = rng.uniform(0.05, 0.2, 24)
-        tokens, p_tokens = np.full(24, 40.0), np.full(24, 48.0)
-        seconds, p_seconds = (
-            prefill + c * n + rng.normal(0, 0.03, 24) for c, n in ((0.018, tokens), (0.021, p_tokens))
-        )
-        truth = np.exp(np.log((prefill + 0.021 * 44) / (prefill + 0.018 * 44)).mean())
-        lo, hi = speedup_interval({"batch_tokens": tokens, "batch_seconds": seconds},
-                                  {"batch_tokens": p_tokens, "batch_seconds": p_seconds})  # fmt: skip
+        run, plain, truth = _smollm2_like_runs(rng, prefill, np.full(24, 40.0), np.full(24, 48.0))
+        lo, hi = speedup_interval(run, plain)
         assert lo <= truth <= hi and hi / lo < 1.25
 
 
