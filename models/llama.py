@@ -153,14 +153,21 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
     Returns:
       The new residual stream [B, T, H].
     """
+    q, k, v = attention_inputs(config, p, x, positions, attn_input, inv_freq)
+    k_all, v_all = write(k, v)
+    return attention_and_mlp(config, p, x, q, k_all, v_all, mask)
+
+
+def _norm(c, p: dict, v, name: str):
+    return rms_norm(v, p[name], c.rms_eps, getattr(c, "norm_offset", 0.0))
+
+
+def attention_inputs(config, p: dict, x, positions, attn_input=None, inv_freq=None):
+    """A layer's first half (:func:`decoder_layer`'s arguments): the rotated queries and keys and the values,
+    [B, T, heads or kv heads, D], before the cache write."""
     c = config
     b, t, _ = x.shape
-    offset = getattr(c, "norm_offset", 0.0)
-
-    def norm(v, name):
-        return rms_norm(v, p[name], c.rms_eps, offset)
-
-    h = norm(x, "attn_norm") if attn_input is None else attn_input
+    h = _norm(c, p, x, "attn_norm") if attn_input is None else attn_input
     bias = getattr(c, "qkv_bias", False)
     if "wqkv" in p:
         qkv = linear(h, p["wqkv"]) + (_expand(p["bqkv"], 3) if bias else 0)
@@ -172,10 +179,18 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
     k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
     v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     if getattr(c, "qk_norm", False):
-        q, k = norm(q, "q_norm"), norm(k, "k_norm")
+        q, k = _norm(c, p, q, "q_norm"), _norm(c, p, k, "k_norm")
     inv_freq = rope_inv_freq(c.rope_theta, c.head_dim) if inv_freq is None else inv_freq
-    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    k_all, v_all = write(k, v)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def attention_and_mlp(config, p: dict, x, q, k_all, v_all, mask):
+    """A layer's second half: attention over the layer's whole cache ``k_all``, ``v_all`` [B, S, KVH, D],
+    then the gated MLP, each added to the residual stream ``x``; returns the new stream."""
+    c = config
+
+    def norm(v, name):
+        return _norm(c, p, v, name)
 
     out = linear(attention(q, k_all, v_all, mask, getattr(c, "query_scale", None)), p["wo"])
     post = getattr(c, "post_norms", False)
@@ -187,6 +202,14 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
     act = jax.nn.gelu(gate, approximate=True) if getattr(c, "activation", "silu") == "gelu_tanh" else jax.nn.silu(gate)
     out = linear(act * up, p["w_down"])
     return x + (norm(out, "post_mlp_norm") if post else out)
+
+
+# The unrolled loop calls each half of a layer as a jitted function. jax traces a jitted function once
+# per configuration and argument shapes, so a forward's layers cost one layer's tracing, not one each
+# (a warm start is mostly tracing and loading the cached program); XLA inlines the calls, and the
+# program runs as fast (docs/log/2026-12.md, "a layer traced once").
+_attention_inputs_jit = jax.jit(attention_inputs, static_argnums=0)
+_attention_and_mlp_jit = jax.jit(attention_and_mlp, static_argnums=0)
 
 
 class LayerWeights(nnx.Module):
@@ -380,7 +403,10 @@ class Transformer(nnx.Module):
                     return buf["k"][i], buf["v"][i]
 
                 layer_mask = local_mask if c.is_sliding(i) else mask
-                x = decoder_layer(c, layer.arrays(), x, write, positions, layer_mask, inv_freq=c.inv_freq(i))
+                p = layer.arrays()  # decoder_layer, with each half traced once for all layers
+                q, k, v = _attention_inputs_jit(c, p, x, positions, None, c.inv_freq(i))
+                k_all, v_all = write(k, v)
+                x = _attention_and_mlp_jit(c, p, x, q, k_all, v_all, layer_mask)
                 outs[i] = x
             new_k, new_v = buf["k"], buf["v"]
             hidden = tuple(outs[i] for i in hidden_layers)
