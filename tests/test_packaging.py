@@ -3,6 +3,7 @@ reads as the architecture."""
 
 import ast
 import importlib.metadata
+import os
 import pathlib
 import re
 import tomllib
@@ -131,3 +132,30 @@ def test_make_demo_installs_jspec_without_the_extras():
     assert "\ndemo: setup-run\n" in makefile
     run_recipe = makefile.split("$(RUN_STAMP): pyproject.toml\n")[1].split("\n\n")[0]
     assert "pip install --quiet -e .\n" in run_recipe and "[" not in run_recipe  # no extras
+
+
+def test_jspec_and_its_models_from_two_checkouts_are_refused(tmp_path):
+    """Another clone's jspec on PYTHONPATH, with this checkout installed in editable mode, would import this
+    checkout's models beside the clone's code: refused, naming both and what to do."""
+    import shutil
+    import subprocess
+    import sys
+
+    import jspec.models
+    from jspec.models import other_checkout
+
+    models = pathlib.Path(jspec.models.__file__).resolve().parent
+    if models != ROOT / "models":
+        pytest.skip("jspec.models is not this checkout's models/ (not an editable install of it)")
+    assert other_checkout(models, ROOT / "jspec" / "__init__.py") is None  # one checkout
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "jspec", clone / "jspec", ignore=shutil.ignore_patterns("__pycache__"))
+    message = other_checkout(models, clone / "jspec" / "__init__.py")
+    assert str(clone / "jspec") in message and str(models) in message and "pip install -e" in message
+    wheel = tmp_path / "site-packages" / "jspec"  # a wheel's models live in its jspec/, beside no pyproject
+    (wheel / "models").mkdir(parents=True)
+    assert other_checkout(wheel / "models", clone / "jspec" / "__init__.py") is None
+
+    proc = subprocess.run([sys.executable, "-c", "import jspec"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(clone)})  # fmt: skip
+    assert proc.returncode != 0 and "two versions of jspec would run together" in proc.stderr, proc.stderr[-2000:]
