@@ -77,10 +77,10 @@ def test_an_unrolled_forward_traces_one_layer_whatever_its_depth(monkeypatch):
     """The unrolled loop's layers share one trace (each half of a layer is a jitted function): tracing a
     forward runs a layer's projections once, not once per layer. The agreement with the scanned loop,
     which runs :func:`decoder_layer` itself, is the test above."""
-    from jspec.models import llama
+    from jspec.models import layers
 
-    real, calls = llama.linear, []
-    monkeypatch.setattr(llama, "linear", lambda x, w: calls.append(w.shape) or real(x, w))
+    real, calls = layers.linear, []
+    monkeypatch.setattr(layers, "linear", lambda x, w: calls.append(w.shape) or real(x, w))
     model = tiny_model("llama", num_layers=4, hidden_size=48)  # shapes no other test traces
     cache = model.init_cache(1, 16)
     jax.make_jaxpr(lambda t: model(t, _positions(1, 0, 3), cache).logits)(jnp.zeros((1, 3), jnp.int32))

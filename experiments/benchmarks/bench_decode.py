@@ -201,7 +201,7 @@ def measure_gemv_bandwidth(gib: float = 0.5) -> float:
     cols = 1024
     w = jnp.ones((int(gib * (1 << 30)) // 4 // cols, cols), jnp.float32)
     x = jnp.ones((1, cols), jnp.float32)
-    from jspec.models.llama import linear
+    from jspec.models.layers import linear
 
     gemv = jax.jit(lambda x, w: linear(x, w))  # the model's own layout: w [out, in]
     gemv(x, w).block_until_ready()

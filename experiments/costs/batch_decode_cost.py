@@ -50,7 +50,7 @@ def step_cost(model, batch: int, capacity: int, repeats: int = 5) -> float:
 
 def attention_parts(config, batch: int, capacity: int, repeats: int = 20) -> dict:
     """Median ms, for one layer and one new token per row, of the attention's two products
-    (the shapes and einsums of ``jspec.models.llama.attention``) and of reading the layer's keys."""
+    (the shapes and einsums of ``jspec.models.layers.attention``) and of reading the layer's keys."""
     kv, d = config.num_kv_heads, config.head_dim
     group = config.num_heads // kv
     key = jax.random.PRNGKey(0)

@@ -43,7 +43,7 @@ from safetensors.numpy import save_file
 from jspec.core.cache import KVCache
 from jspec.files import atomic_write, write_text
 from jspec.models.config import RopeScaling
-from jspec.models.llama import decoder_layer, linear, rms_norm
+from jspec.models.layers import decoder_layer, linear, rms_norm
 
 __all__ = [
     "KINDS", "DraftHead", "Frozen", "HeadConfig", "draft_vocabulary", "load_head", "save_head", "target_to_draft",

@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 
 from jspec.files import atomic_write, write_text
 from jspec.heads.eagle import Frozen, read_tensors
-from jspec.models.llama import linear, rms_norm
+from jspec.models.layers import linear, rms_norm
 
 __all__ = ["MedusaConfig", "MedusaHeads", "load_medusa", "save_medusa", "saved_rank_rates"]
 

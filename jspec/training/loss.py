@@ -28,7 +28,7 @@ import optax
 
 from jspec.core.cache import KVCache
 from jspec.heads.eagle import DraftHead
-from jspec.models.llama import linear, rms_norm
+from jspec.models.layers import linear, rms_norm
 
 __all__ = ["head_loss", "loss_window", "teacher_forced_agreement", "ttt_forward", "ttt_mask", "window_starts"]
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.heads.medusa import MedusaHeads
-from jspec.models.llama import linear
+from jspec.models.layers import linear
 from jspec.training.loss import _rows, window_starts
 
 __all__ = ["medusa_loss", "rank_rates"]
