@@ -86,7 +86,7 @@ def decoder_layer(config, p: dict, x, write, positions, mask, attn_input=None, i
       config: the attention shapes (``num_heads``, ``num_kv_heads``, ``head_dim``,
         ``rope_theta``, ``rms_eps``) and, when present, the family's switches (``qkv_bias``,
         ``qk_norm``, ``norm_offset``, ``post_norms``, ``activation``, ``query_scale``).
-      p: the layer's weights by name (:data:`LAYER_PARAMS`; ``attn_norm`` and ``bqkv`` may
+      p: the layer's weights by name (:data:`~jspec.models.llama.LAYER_PARAMS`; ``attn_norm`` and ``bqkv`` may
         be absent when ``attn_input`` is given or there is no bias).
       x: [B, T, H], the residual stream.
       write: stores this step's keys and values [B, T, KVH, D] in the cache and returns
