@@ -22,10 +22,14 @@ def other_checkout(models_dir, jspec_file) -> str | None:
     package = pathlib.Path(jspec_file).resolve().parent
     if package == root / "jspec":
         return None
+    other = package.parent
+    if (other / "pyproject.toml").is_file():
+        fix = (f"Run with that checkout's environment (`make setup` there makes {other / '.venv'}), or install it "
+               f"into this one (`pip install -e {other}`).")  # fmt: skip
+    else:
+        fix = f"Take {other} off sys.path (PYTHONPATH, the working directory) to run the installed checkout."
     return (f"jspec is imported from {package}, but jspec.models from {root / 'models'} (the checkout installed "
-            f"in this environment): two versions of jspec would run together. Run with the environment of the "
-            f"checkout you mean (`make setup` makes {package.parent / '.venv'}), or install that checkout into this "
-            f"one (`pip install -e {package.parent}`).")  # fmt: skip
+            f"in this environment): two versions of jspec would run together. {fix}")  # fmt: skip
 
 
 _jspec = sys.modules.get("jspec") if __name__ == "jspec.models" else None

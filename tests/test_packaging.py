@@ -151,7 +151,10 @@ def test_jspec_and_its_models_from_two_checkouts_are_refused(tmp_path):
     clone = tmp_path / "clone"
     shutil.copytree(ROOT / "jspec", clone / "jspec", ignore=shutil.ignore_patterns("__pycache__"))
     message = other_checkout(models, clone / "jspec" / "__init__.py")
-    assert str(clone / "jspec") in message and str(models) in message and "pip install -e" in message
+    assert str(clone / "jspec") in message and str(models) in message and "off sys.path" in message
+    (clone / "pyproject.toml").write_text("")  # a checkout: its own environment, or install it here
+    message = other_checkout(models, clone / "jspec" / "__init__.py")
+    assert f"pip install -e {clone}" in message and str(clone / ".venv") in message
     wheel = tmp_path / "site-packages" / "jspec"  # a wheel's models live in its jspec/, beside no pyproject
     (wheel / "models").mkdir(parents=True)
     assert other_checkout(wheel / "models", clone / "jspec" / "__init__.py") is None
